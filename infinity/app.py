@@ -1,0 +1,196 @@
+"""The HTTP API: routes, the JSON error and auth middlewares, and the encoding of
+responses straight from the shared-memory arena.
+
+Every route is served under `/v1` and without it (as infinity does), below the
+configured `url_prefix`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hmac
+import logging
+import os
+import signal
+import time
+from collections.abc import Awaitable, Callable
+
+import msgspec
+import numpy as np
+from aiohttp import web
+
+from infinity.config import Config
+from infinity.errors import APIError, error_response
+from infinity.pipeline import EmbeddingResult, Pipeline, ServedModel, StartupError
+from infinity.protocol import ModelSpec
+from infinity.schemas import EmbeddingRequest, decode_body, embedding_inputs
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+PIPELINE = web.AppKey("pipeline", Pipeline)
+CONFIG = web.AppKey("config", Config)
+EXIT_CODE = web.AppKey("exit_code", list)
+START_TASK = web.AppKey("start_task", asyncio.Task)
+
+
+def create_app(config: Config, specs: list[ModelSpec]) -> web.Application:
+    server = config.server
+    app = web.Application(
+        client_max_size=server.max_request_bytes,
+        middlewares=[_json_errors, _authorization(server.api_key)],
+    )
+    app[CONFIG] = config
+    app[PIPELINE] = Pipeline(server, specs)
+    app[EXIT_CODE] = [0]
+    for version in ("/v1", ""):
+        base = server.url_prefix + version
+        app.router.add_post(f"{base}/embeddings", embeddings)
+        app.router.add_get(f"{base}/models", models)
+        app.router.add_get(f"{base}/health", health)
+    app.on_startup.append(_start_pipeline)
+    app.on_cleanup.append(_stop_pipeline)
+    return app
+
+
+# --- middlewares ------------------------------------------------------------------------
+
+@web.middleware
+async def _json_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Answer every error, whoever raised it, in the one JSON shape."""
+    try:
+        return await handler(request)
+    except APIError as exc:
+        return error_response(exc)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        return error_response(_http_error(request, exc))
+    except asyncio.CancelledError:
+        raise
+    except Exception:
+        log.exception("unhandled error on %s %s", request.method, request.path)
+        return error_response(APIError(500, "internal server error"))
+
+
+def _http_error(request: web.Request, exc: web.HTTPException) -> APIError:
+    if exc.status == 404:
+        return APIError(404, f"no route {request.method} {request.path}", code="not_found")
+    if exc.status == 405:
+        allowed = ", ".join(sorted(getattr(exc, "allowed_methods", ())))
+        return APIError(405, f"method {request.method} is not allowed on {request.path}; use {allowed}",
+                        code="method_not_allowed", headers={"Allow": allowed})
+    if exc.status == 413:
+        limit = request.app[CONFIG].server.max_request_bytes
+        return APIError(413, f"request body is larger than the limit of {limit} bytes",
+                        code="request_too_large")
+    return APIError(exc.status, exc.reason)
+
+
+def _authorization(api_key: str | None) -> Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]:
+    expected = f"Bearer {api_key}".encode() if api_key else None
+
+    @web.middleware
+    async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if expected is not None and not request.path.endswith("/health"):
+            given = request.headers.get("Authorization", "").encode()
+            if not hmac.compare_digest(given, expected):
+                raise APIError(401, "missing or wrong API key: send 'Authorization: Bearer <key>'",
+                               code="invalid_api_key")
+        return await handler(request)
+
+    return check
+
+
+# --- lifecycle ---------------------------------------------------------------------------
+
+async def _start_pipeline(app: web.Application) -> None:
+    async def start() -> None:
+        try:
+            await app[PIPELINE].start()
+            log.info("all models loaded; serving")
+        except StartupError as exc:
+            log.error("cannot start: %s", exc)
+            app[EXIT_CODE][0] = 1
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    app[START_TASK] = asyncio.create_task(start())
+
+
+async def _stop_pipeline(app: web.Application) -> None:
+    app[START_TASK].cancel()
+    await app[PIPELINE].stop()
+
+
+# --- routes ------------------------------------------------------------------------------
+
+async def health(request: web.Request) -> web.Response:
+    if not request.app[PIPELINE].ready:
+        raise APIError(503, "models are loading", code="not_ready", headers={"Retry-After": "1"})
+    return web.json_response({"status": "ok", "unix": time.time()})
+
+
+async def models(request: web.Request) -> web.Response:
+    data = []
+    for model in request.app[PIPELINE].models.values():
+        info = model.info
+        data.append({
+            "id": model.spec.name,
+            "object": "model",
+            "owned_by": "infinity",
+            "created": int(time.time()),
+            "kind": model.spec.kind,
+            "capabilities": ["embed"],
+            "ready": model.ready,
+            "dimensions": info.dim if info else None,
+            "max_length": model.spec.max_length,
+            "device": model.spec.device,
+        })
+    return web.json_response({"object": "list", "data": data})
+
+
+async def embeddings(request: web.Request) -> web.Response:
+    pipeline = request.app[PIPELINE]
+    body = decode_body(await request.read(), EmbeddingRequest)
+    model = _served_model(pipeline, body.model)
+    inputs = embedding_inputs(body.input, request.app[CONFIG].server.max_items_per_request)
+    dim = model.info.dim if model.info else None
+    if body.dimensions is not None and dim is not None and not 0 < body.dimensions <= dim:
+        raise APIError(422, f"dimensions must be between 1 and {dim} for model '{model.spec.name}'",
+                       param="dimensions")
+    result = await pipeline.embed(model, inputs)
+    try:
+        payload = _embedding_response(result, body.encoding_format, body.dimensions)
+    finally:
+        result.release()
+    return web.Response(body=payload, content_type="application/json")
+
+
+def _served_model(pipeline: Pipeline, name: str | None) -> ServedModel:
+    if name is None:
+        if len(pipeline.models) == 1:
+            return next(iter(pipeline.models.values()))
+        raise APIError(422, "model is required: this server serves several models", param="model")
+    model = pipeline.models.get(name)
+    if model is None:
+        served = ", ".join(pipeline.models)
+        raise APIError(404, f"model '{name}' is not served here; served models: {served}",
+                       param="model", code="model_not_found")
+    return model
+
+
+def _embedding_response(result: EmbeddingResult, encoding_format: str, dimensions: int | None) -> bytes:
+    data = []
+    for index, row in enumerate(result.rows()):
+        if dimensions is not None and dimensions < len(row):
+            row = row[:dimensions]
+            row = row / max(float(np.linalg.norm(row)), 1e-12)
+        embedding = base64.b64encode(row).decode() if encoding_format == "base64" else row.tolist()
+        data.append({"object": "embedding", "index": index, "embedding": embedding})
+    return msgspec.json.encode({
+        "object": "list",
+        "data": data,
+        "model": result.model.spec.name,
+        "usage": {"prompt_tokens": result.prompt_tokens, "total_tokens": result.prompt_tokens},
+    })

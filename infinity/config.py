@@ -1,0 +1,152 @@
+"""Server configuration: the typed structs, and how a `models.toml`, `INFINITY_*`
+environment variables and command-line flags combine into them (flags win over the
+environment, the environment over the file, the file over the defaults).
+
+Everything is validated once, at start; a bad key or value raises `ConfigError` with a
+message that names it.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+import msgspec
+
+DEFAULT_MODEL_SOURCE = "default"
+DEFAULT_MODEL_NAME = "all-MiniLM-L6-v2"
+
+Pooling = Literal["mean", "cls", "lasttoken"]
+ModelKind = Literal["auto", "embed"]
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot be served; the message names the offending key."""
+
+
+class ModelConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    """One `[[models]]` entry."""
+
+    name: str = ""
+    source: str = DEFAULT_MODEL_SOURCE
+    kind: ModelKind = "auto"
+    device: str = "cpu"
+    engine: Literal["torch", "auto"] = "auto"
+    dtype: Literal["float32", "float16", "bfloat16", "auto"] = "auto"
+    # None: from the model folder (sentence-transformers Pooling / Normalize modules).
+    pooling: Pooling | None = None
+    normalize: bool | None = None
+    max_length: int | None = None
+    truncate: bool = True
+    max_batch_tokens: int = 8192
+    max_batch_size: int = 32
+
+    def __post_init__(self) -> None:
+        if self.max_length is not None and self.max_length < 2:
+            raise ConfigError("models.max_length must be at least 2")
+        if self.max_batch_tokens < 1 or self.max_batch_size < 1:
+            raise ConfigError("models.max_batch_tokens and models.max_batch_size must be positive")
+
+
+class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    """The `[server]` table."""
+
+    host: str = "0.0.0.0"
+    port: int = 7997
+    api_key: str | None = None
+    url_prefix: str = ""
+    # 0: chosen from the number of usable cores.
+    tokenizer_workers: int = 0
+    # Items (sentences) waiting or running per model; beyond it requests get 429.
+    max_queued_items: int = 4096
+    max_items_per_request: int = 2048
+    max_request_bytes: int = 16 * 1024 * 1024
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+    def __post_init__(self) -> None:
+        if not 0 < self.port < 65536:
+            raise ConfigError(f"server.port must be between 1 and 65535, got {self.port}")
+        if self.url_prefix and (not self.url_prefix.startswith("/") or self.url_prefix.endswith("/")):
+            raise ConfigError("server.url_prefix must start with '/' and not end with '/'")
+        if self.tokenizer_workers < 0:
+            raise ConfigError("server.tokenizer_workers must be 0 (auto) or positive")
+        for key in ("max_queued_items", "max_items_per_request", "max_request_bytes"):
+            if getattr(self, key) < 1:
+                raise ConfigError(f"server.{key} must be positive")
+
+
+class Config(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    """The whole configuration of one server."""
+
+    server: ServerConfig = msgspec.field(default_factory=ServerConfig)
+    models: list[ModelConfig] = msgspec.field(default_factory=list)
+
+
+# Server keys that may be set from the environment as INFINITY_<KEY>.
+_SERVER_ENV_KEYS = (
+    "host", "port", "api_key", "url_prefix", "tokenizer_workers",
+    "max_queued_items", "max_items_per_request", "max_request_bytes", "log_level",
+)
+
+
+def load_config(
+    path: str | os.PathLike[str] | None = None,
+    env: dict[str, str] | None = None,
+    server_overrides: dict[str, Any] | None = None,
+    model_source: str | None = None,
+    model_name: str | None = None,
+) -> Config:
+    """Merge file, environment and command-line values into a validated `Config`.
+
+    `model_source` (CLI `--model` or `INFINITY_MODEL`) replaces the file's model list with
+    that one model; with no model anywhere the packaged default model is served.
+    """
+    env = os.environ if env is None else env
+    raw: dict[str, Any] = _read_toml(path) if path else {}
+    if not isinstance(raw.get("server", {}), dict):
+        raise ConfigError("[server] must be a table")
+    server = dict(raw.get("server", {}))
+    for key in _SERVER_ENV_KEYS:
+        value = env.get(f"INFINITY_{key.upper()}")
+        if value is not None:
+            server[key] = value
+    server.update({k: v for k, v in (server_overrides or {}).items() if v is not None})
+    raw["server"] = server
+
+    model_source = model_source or env.get("INFINITY_MODEL")
+    if model_source:
+        raw["models"] = [{"source": model_source, "name": model_name or ""}]
+    elif not raw.get("models"):
+        raw["models"] = [{"source": DEFAULT_MODEL_SOURCE}]
+
+    try:
+        config = msgspec.convert(raw, Config, strict=False)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(f"invalid configuration: {exc}") from None
+    config = msgspec.structs.replace(config, models=[_named(m) for m in config.models])
+    names = [m.name for m in config.models]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise ConfigError(f"models.name must be unique, repeated: {', '.join(duplicates)}")
+    return config
+
+
+def _read_toml(path: str | os.PathLike[str]) -> dict[str, Any]:
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except FileNotFoundError:
+        raise ConfigError(f"config file not found: {path}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+
+
+def _named(model: ModelConfig) -> ModelConfig:
+    """Give a model without a name the last path component of its source."""
+    if model.name:
+        return model
+    if model.source == DEFAULT_MODEL_SOURCE:
+        return msgspec.structs.replace(model, name=DEFAULT_MODEL_NAME)
+    return msgspec.structs.replace(model, name=Path(model.source.rstrip("/")).name)

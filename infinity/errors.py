@@ -1,0 +1,41 @@
+"""The one error shape every response uses: OpenAI's `{"error": {...}}`."""
+
+from __future__ import annotations
+
+import msgspec
+from aiohttp import web
+
+_REASON_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    413: "invalid_request_error",
+    422: "invalid_request_error",
+    429: "rate_limit_error",
+    503: "service_unavailable",
+}
+
+
+class APIError(Exception):
+    """An error answered to the client as JSON with `status`."""
+
+    def __init__(self, status: int, message: str, param: str | None = None,
+                 code: str | None = None, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+        self.headers = headers or {}
+
+
+def error_response(error: APIError) -> web.Response:
+    body = {"error": {
+        "message": error.message,
+        "type": _REASON_TYPES.get(error.status, "server_error" if error.status >= 500 else "invalid_request_error"),
+        "param": error.param,
+        "code": error.code or error.status,
+    }}
+    return web.Response(body=msgspec.json.encode(body), status=error.status,
+                        content_type="application/json", headers=error.headers)

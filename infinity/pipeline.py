@@ -1,0 +1,321 @@
+"""The front end's side of the process pipeline: admission, request bookkeeping, and what
+happens when a child answers or dies.
+
+Every request is admitted (given arena slots, or refused with 429) before anything is
+queued, then sent to a tokenizer, then to the inference process of its model's device.
+The pipeline always knows which child holds a request, so a child's death fails exactly
+the requests it held (503), and a client that goes away has its request dropped from
+the inference queue. Slots return to the pool only when no process can still write them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import shutil
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+import zmq
+import zmq.asyncio
+
+from infinity import protocol, shm
+from infinity.config import ServerConfig
+from infinity.errors import APIError
+from infinity.protocol import ModelSpec
+from infinity.schemas import EmbeddingInputs
+from infinity.supervisor import Child, plan_cpus, usable_cpus
+from workers import inference_worker, tokenizer_worker
+
+log = logging.getLogger(__name__)
+
+_STOP_TIMEOUT_S = 10.0
+_MAX_RESTART_DELAY_S = 30.0
+
+
+class StartupError(RuntimeError):
+    """A child could not load what it serves; the server cannot start."""
+
+
+class ServedModel:
+    """A model as the front end sees it: its spec, its inference child, its arena."""
+
+    def __init__(self, spec: ModelSpec, child: Child, slots: int) -> None:
+        self.spec = spec
+        self.child = child
+        self.pool = shm.SlotPool(slots)
+        self.info: protocol.ModelInfo | None = None
+        self.arena: shm.Arena | None = None
+
+    @property
+    def ready(self) -> bool:
+        return self.child.ready and self.arena is not None
+
+    def attach(self, info: protocol.ModelInfo) -> None:
+        """Map the arena a (re)started inference child created for this model."""
+        self.info = info
+        self.arena = shm.Arena(info.arena, info.slots, info.dim, create=False)
+
+
+@dataclass(eq=False)
+class _Pending:
+    request_id: int
+    model: ServedModel
+    slots: list[int]
+    future: asyncio.Future[EmbeddingResult]
+    holder: Child
+    prompt_tokens: int = 0
+    truncated: int = 0
+    abandoned: bool = False  # the client went away (or was answered with an error)
+
+
+@dataclass
+class EmbeddingResult:
+    """Vectors of one request, still in the arena: read them, then `release`."""
+
+    model: ServedModel
+    arena: shm.Arena
+    slots: list[int]
+    prompt_tokens: int
+    truncated: int
+    _released: bool = field(default=False, repr=False)
+
+    def rows(self) -> Iterator[np.ndarray]:
+        """Each input's vector, in input order, as a view into shared memory."""
+        for slot in self.slots:
+            yield self.arena.rows[slot]
+
+    def release(self) -> None:
+        if not self._released:
+            self._released = True
+            self.model.pool.give_back(self.slots)
+
+
+class Pipeline:
+    def __init__(self, server: ServerConfig, specs: list[ModelSpec]) -> None:
+        self._server = server
+        self._rundir = tempfile.mkdtemp(prefix="infinity-")
+        self._arena_prefix = shm.server_prefix()
+        self._context = zmq.asyncio.Context()
+        self._inbox = self._context.socket(zmq.PULL)
+        self._inbox.setsockopt(zmq.LINGER, 0)
+        self._inbox.setsockopt(zmq.RCVHWM, 0)
+        self._inbox.bind(self._endpoint("front"))
+        self._pending: dict[int, _Pending] = {}
+        self._next_id = 0
+        self._outstanding: dict[str, int] = {}
+        self._started: asyncio.Future[None] | None = None
+        self._receiver: asyncio.Task[None] | None = None
+        self._stopping = False
+
+        plan = plan_cpus(usable_cpus(), server.tokenizer_workers)
+        self.tokenizers = [
+            Child(self._args(f"tokenizer-{i}", specs, cpus, 1), tokenizer_worker.main)
+            for i, cpus in enumerate(plan.tokenizer_cpus)
+        ]
+        self.models: dict[str, ServedModel] = {}
+        self.inference: list[Child] = []
+        for device in dict.fromkeys(spec.device for spec in specs):
+            on_device = [spec for spec in specs if spec.device == device]
+            child = Child(self._args(f"inference-{device}", on_device, plan.inference_cpus,
+                                     plan.inference_threads), inference_worker.main)
+            self.inference.append(child)
+            for spec in on_device:
+                self.models[spec.name] = ServedModel(spec, child, server.max_queued_items)
+
+    def _endpoint(self, name: str) -> str:
+        return f"ipc://{self._rundir}/{name.replace(':', '_')}"
+
+    def _args(self, name: str, specs: list[ModelSpec], cpus: list[int] | None, threads: int) -> protocol.WorkerArgs:
+        return protocol.WorkerArgs(
+            name=name, front_endpoint=self._endpoint("front"), endpoint=self._endpoint(name),
+            models=specs, cpus=cpus, threads=threads, arena_prefix=self._arena_prefix,
+            arena_slots=self._server.max_queued_items, log_level=self._server.log_level,
+        )
+
+    @property
+    def children(self) -> list[Child]:
+        return [*self.tokenizers, *self.inference]
+
+    @property
+    def ready(self) -> bool:
+        return all(child.ready for child in self.children) and all(m.ready for m in self.models.values())
+
+    async def start(self) -> None:
+        """Start every child; return once all are ready, or raise `StartupError`."""
+        self._started = asyncio.get_running_loop().create_future()
+        self._receiver = asyncio.create_task(self._receive())
+        for child in self.children:
+            child.start(self._context, self._child_exited)
+        await self._started
+
+    async def embed(self, model: ServedModel, inputs: EmbeddingInputs) -> EmbeddingResult:
+        """Run one request through the pipeline; the caller must `release` the result."""
+        if self._stopping:
+            raise APIError(503, "the server is shutting down", code="shutting_down")
+        if not model.ready:
+            raise APIError(503, f"model '{model.spec.name}' is not ready yet; retry shortly",
+                           code="model_not_ready", headers={"Retry-After": "1"})
+        tokenizer = self._pick_tokenizer()
+        slots = model.pool.take(len(inputs))
+        if slots is None:
+            raise APIError(429, f"model '{model.spec.name}' has {model.pool.capacity - model.pool.free} inputs "
+                                "queued, its limit; retry later", code="overloaded", headers={"Retry-After": "1"})
+        self._next_id += 1
+        pending = _Pending(self._next_id, model, slots, asyncio.get_running_loop().create_future(), tokenizer)
+        self._pending[pending.request_id] = pending
+        self._outstanding[tokenizer.name] += 1
+        tokenizer.send(protocol.Tokenize(pending.request_id, model.spec.name, inputs.texts, inputs.token_ids))
+        try:
+            return await pending.future
+        except asyncio.CancelledError:
+            self._abandon(pending)
+            raise
+
+    def _pick_tokenizer(self) -> Child:
+        ready = [child for child in self.tokenizers if child.ready]
+        if not ready:
+            raise APIError(503, "no tokenizer process is ready; retry shortly", code="not_ready",
+                           headers={"Retry-After": "1"})
+        return min(ready, key=lambda child: self._outstanding[child.name])
+
+    def _abandon(self, pending: _Pending) -> None:
+        """The client went away: stop the work if it is still queued somewhere."""
+        if pending.future.done() and not pending.future.cancelled() and pending.future.exception() is None:
+            pending.future.result().release()
+            return
+        pending.abandoned = True
+        if pending.holder in self.inference and pending.holder.socket is not None:
+            pending.holder.send(protocol.Cancel(pending.request_id))
+
+    async def _receive(self) -> None:
+        handlers = {
+            protocol.Ready: self._on_ready,
+            protocol.StartupFailed: self._on_startup_failed,
+            protocol.Tokenized: self._on_tokenized,
+            protocol.Done: self._on_done,
+            protocol.Failed: self._on_failed,
+        }
+        while True:
+            message = protocol.decode(await self._inbox.recv())
+            try:
+                handlers[type(message)](message)
+            except Exception:
+                log.exception("handling %s failed", type(message).__name__)
+
+    def _child(self, name: str) -> Child:
+        return next(child for child in self.children if child.name == name)
+
+    def _on_ready(self, message: protocol.Ready) -> None:
+        child = self._child(message.worker)
+        for info in message.models:
+            self.models[info.name].attach(info)
+        child.ready = True
+        child.failures = 0
+        self._outstanding[child.name] = 0
+        log.info("%s ready (pid %d)", child.name, message.pid)
+        if self._started is not None and not self._started.done() and self.ready:
+            self._started.set_result(None)
+
+    def _on_startup_failed(self, message: protocol.StartupFailed) -> None:
+        log.error("%s could not start: %s", message.worker, message.message)
+        if self._started is not None and not self._started.done():
+            self._started.set_exception(StartupError(f"{message.worker}: {message.message}"))
+
+    def _on_tokenized(self, message: protocol.Tokenized) -> None:
+        pending = self._pending.get(message.request_id)
+        if pending is None:
+            return
+        self._outstanding[pending.holder.name] -= 1
+        model = pending.model
+        if pending.abandoned:
+            self._finish(pending, None)
+            return
+        if not model.ready:
+            self._finish(pending, APIError(503, f"model '{model.spec.name}' is restarting; retry shortly",
+                                           code="model_not_ready", headers={"Retry-After": "1"}))
+            return
+        pending.prompt_tokens = sum(message.lengths)
+        pending.truncated = message.truncated
+        pending.holder = model.child
+        model.child.send(protocol.Infer(message.request_id, model.spec.name, message.ids,
+                                        message.lengths, pending.slots))
+
+    def _on_done(self, message: protocol.Done) -> None:
+        pending = self._pending.pop(message.request_id, None)
+        if pending is None:
+            return
+        if pending.abandoned or message.cancelled:
+            pending.model.pool.give_back(pending.slots)
+            return
+        assert pending.model.arena is not None
+        pending.future.set_result(EmbeddingResult(pending.model, pending.model.arena, pending.slots,
+                                                  pending.prompt_tokens, pending.truncated))
+
+    def _on_failed(self, message: protocol.Failed) -> None:
+        pending = self._pending.get(message.request_id)
+        if pending is None:
+            return
+        if pending.holder in self.tokenizers:
+            self._outstanding[pending.holder.name] -= 1
+        self._finish(pending, APIError(message.status, message.message, param=message.param))
+
+    def _finish(self, pending: _Pending, error: APIError | None) -> None:
+        """End a request with an error (None: its client is gone); no process holds it,
+        so its slots are free."""
+        self._pending.pop(pending.request_id, None)
+        pending.model.pool.give_back(pending.slots)
+        if pending.future.done():
+            return
+        if error is None or pending.abandoned:
+            pending.future.cancel()
+        else:
+            pending.future.set_exception(error)
+
+    def _child_exited(self, child: Child) -> None:
+        code = child.process.exitcode if child.process is not None else None
+        held = [p for p in self._pending.values() if p.holder is child]
+        for pending in held:
+            self._finish(pending, APIError(503, f"the {child.name} process stopped while serving this "
+                                                "request; retry", code="worker_died", headers={"Retry-After": "1"}))
+        if self._stopping:
+            return
+        for model in self.models.values():
+            if model.child is child and model.info is not None:
+                shm.remove(model.info.arena)  # the restarted child creates it anew
+        if self._started is not None and not self._started.done():
+            self._started.set_exception(StartupError(f"{child.name} exited with code {code} while starting"))
+            return
+        child.failures += 1
+        delay = min(_MAX_RESTART_DELAY_S, 0.5 * 2 ** (child.failures - 1))
+        log.error("%s exited with code %s; %d requests failed; restarting in %.1fs",
+                  child.name, code, len(held), delay)
+        asyncio.get_running_loop().call_later(delay, self._restart, child)
+
+    def _restart(self, child: Child) -> None:
+        if not self._stopping:
+            child.reap(0)
+            child.start(self._context, self._child_exited)
+
+    async def stop(self) -> None:
+        """Stop every child, fail what is still pending, remove arenas and sockets."""
+        self._stopping = True
+        for child in self.children:
+            child.terminate()
+        await asyncio.to_thread(self._reap_all)
+        for child in self.children:
+            child.close_socket()
+        for pending in list(self._pending.values()):
+            self._finish(pending, APIError(503, "the server is shutting down", code="shutting_down"))
+        if self._receiver is not None:
+            self._receiver.cancel()
+        self._inbox.close(linger=0)
+        self._context.term()
+        shm.remove_with_prefix(self._arena_prefix)
+        shutil.rmtree(self._rundir, ignore_errors=True)
+
+    def _reap_all(self) -> None:
+        for child in self.children:
+            child.reap(_STOP_TIMEOUT_S)

@@ -1,0 +1,143 @@
+"""Every message that crosses a process boundary, and how it is framed.
+
+The front end talks to each child over one ZeroMQ PUSH socket and hears from all of them
+on one PULL socket. Bodies are msgpack-encoded msgspec Structs, tagged so one decoder
+reads any of them. Result vectors never travel here: the inference process writes them
+into shared-memory slots the front end chose (see `infinity.shm`), and `Done` only says
+they are there.
+
+Flow of one request:
+    front end --Tokenize--> tokenizer --Tokenized | Failed--> front end
+    front end --Infer--> inference --Done | Failed--> front end
+    front end --Cancel--> inference (the client went away)
+and, once per child at start, `Ready` (or `StartupFailed`) to the front end. A child is
+started with `WorkerArgs`, which carries the `ModelSpec` of each model it serves.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+
+class ModelSpec(msgspec.Struct, frozen=True):
+    """A model as the children load it: resolved folder and settled options."""
+
+    name: str
+    kind: str
+    path: str  # folder with config.json, weights and the tokenizer
+    device: str
+    engine: str
+    dtype: str
+    pooling: str
+    normalize: bool
+    max_length: int
+    truncate: bool
+    lowercase: bool  # sentence-transformers' do_lower_case: lower-case text before tokenizing
+    max_batch_tokens: int
+    max_batch_size: int
+
+
+class WorkerArgs(msgspec.Struct, frozen=True):
+    """Everything a child process is started with."""
+
+    name: str  # "tokenizer-0", "inference-cpu", ...
+    front_endpoint: str  # the front end's PULL socket
+    endpoint: str  # this child's PULL socket
+    models: list[ModelSpec]
+    cpus: list[int] | None  # CPU affinity; None leaves it alone
+    threads: int
+    arena_prefix: str
+    arena_slots: int
+    log_level: str
+
+
+class ModelInfo(msgspec.Struct, frozen=True, array_like=True):
+    """What the front end needs to know of a loaded model."""
+
+    name: str
+    kind: str
+    dim: int
+    max_length: int
+    # Shared-memory segment holding `slots` result vectors of `dim` float32 each.
+    arena: str
+    slots: int
+
+
+class Tokenize(msgspec.Struct, tag=True, array_like=True):
+    """Tokenize `texts` (or check and truncate `token_ids`) for `model`."""
+
+    request_id: int
+    model: str
+    texts: list[str] | None = None
+    token_ids: list[list[int]] | None = None
+
+
+class Tokenized(msgspec.Struct, tag=True, array_like=True):
+    """Token ids of every input of a request, concatenated as int32 little-endian."""
+
+    request_id: int
+    ids: bytes
+    lengths: list[int]
+    # How many inputs were cut to the model's maximum length.
+    truncated: int
+
+
+class Infer(msgspec.Struct, tag=True, array_like=True):
+    """Embed the inputs of a request; input i goes to arena slot `slots[i]`."""
+
+    request_id: int
+    model: str
+    ids: bytes
+    lengths: list[int]
+    slots: list[int]
+
+
+class Cancel(msgspec.Struct, tag=True, array_like=True):
+    """The client of `request_id` has gone: skip what is not computed yet."""
+
+    request_id: int
+
+
+class Done(msgspec.Struct, tag=True, array_like=True):
+    """Every vector of `request_id` is in its slot (or, if `cancelled`, never will be)."""
+
+    request_id: int
+    cancelled: bool = False
+
+
+class Failed(msgspec.Struct, tag=True, array_like=True):
+    """A request could not be served; `status` is the HTTP status the client gets."""
+
+    request_id: int
+    status: int
+    message: str
+    param: str | None = None
+
+
+class Ready(msgspec.Struct, tag=True, array_like=True):
+    """A child has loaded (and warmed) everything it serves."""
+
+    worker: str
+    pid: int
+    models: list[ModelInfo] = []
+
+
+class StartupFailed(msgspec.Struct, tag=True, array_like=True):
+    """A child could not start; the server stops with this message."""
+
+    worker: str
+    message: str
+
+
+Message = Tokenize | Tokenized | Infer | Cancel | Done | Failed | Ready | StartupFailed
+
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder(Message)
+
+
+def encode(message: Message) -> bytes:
+    return _encoder.encode(message)
+
+
+def decode(data: bytes | memoryview) -> Message:
+    return _decoder.decode(data)

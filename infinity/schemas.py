@@ -1,0 +1,77 @@
+"""Request bodies of the HTTP API, decoded and checked with msgspec, and the checks that a
+schema cannot express (the shapes `input` may take, limits)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import msgspec
+
+from infinity.errors import APIError
+
+
+class EmbeddingRequest(msgspec.Struct):
+    input: Any
+    model: str | None = None
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = None
+    user: str | None = None
+
+
+class EmbeddingInputs(msgspec.Struct, frozen=True):
+    """Either texts or token-id sequences, never both."""
+
+    texts: list[str] | None = None
+    token_ids: list[list[int]] | None = None
+
+    def __len__(self) -> int:
+        return len(self.texts if self.texts is not None else self.token_ids)  # type: ignore[arg-type]
+
+
+def decode_body(body: bytes, request_type: type[msgspec.Struct]) -> Any:
+    """Decode a JSON body into `request_type`, or raise the matching 400/422 APIError."""
+    if not body:
+        raise APIError(400, "the request body is empty; send a JSON object")
+    try:
+        return msgspec.json.decode(body, type=request_type)
+    except msgspec.ValidationError as exc:
+        raise APIError(422, str(exc), param=_param_of(str(exc))) from None
+    except msgspec.DecodeError as exc:
+        raise APIError(400, f"the request body is not valid JSON: {exc}") from None
+
+
+def _param_of(message: str) -> str | None:
+    """`Expected str, got int - at $.model` -> `model`."""
+    _, sep, path = message.rpartition(" - at `$.")
+    return path.rstrip("`").split("[")[0].split(".")[0] if sep else None
+
+
+_SHAPE = ("input must be a non-empty string, a list of non-empty strings, a list of token ids "
+          "or a list of lists of token ids")
+
+
+def embedding_inputs(value: Any, max_items: int) -> EmbeddingInputs:
+    """Check `input` of an embeddings request and sort it into texts or token ids."""
+    if isinstance(value, str):
+        if not value:
+            raise APIError(422, "input must not be an empty string", param="input")
+        return EmbeddingInputs(texts=[value])
+    if not isinstance(value, list) or not value:
+        raise APIError(422, _SHAPE, param="input")
+    if len(value) > max_items:
+        raise APIError(422, f"input has {len(value)} items, more than the limit of {max_items} "
+                            "per request; split it into several requests", param="input")
+    if all(isinstance(v, str) for v in value):
+        empty = next((i for i, v in enumerate(value) if not v), None)
+        if empty is not None:
+            raise APIError(422, f"input[{empty}] is an empty string", param="input")
+        return EmbeddingInputs(texts=value)
+    if all(_is_token(v) for v in value):
+        return EmbeddingInputs(token_ids=[value])
+    if all(isinstance(v, list) and v and all(_is_token(t) for t in v) for v in value):
+        return EmbeddingInputs(token_ids=value)
+    raise APIError(422, _SHAPE, param="input")
+
+
+def _is_token(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)

