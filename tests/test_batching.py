@@ -1,0 +1,129 @@
+"""Unit tests of the inference process's scheduler: token budget, count cap, length
+sorting, fairness, cancellation."""
+
+import threading
+
+import numpy as np
+
+from workers.batching import Scheduler
+
+
+def _scheduler(max_tokens: int = 1000, max_size: int = 32) -> Scheduler:
+    scheduler = Scheduler()
+    scheduler.add_model("m", max_tokens, max_size, pad_id=0)
+    return scheduler
+
+
+def _submit(scheduler: Scheduler, request_id: int, lengths: list[int], model: str = "m") -> None:
+    ids = np.concatenate([np.full(n, request_id * 100 + i + 1, dtype=np.int32) for i, n in enumerate(lengths)])
+    scheduler.submit(request_id, model, ids, lengths, [request_id * 100 + i for i in range(len(lengths))])
+
+
+def test_batch_is_padded_to_its_longest_input():
+    scheduler = _scheduler()
+    _submit(scheduler, 1, [3, 5, 2])
+    batch = scheduler.next_batch()
+    assert batch.input_ids.shape == (3, 5)
+    assert batch.attention_mask.sum(axis=1).tolist() == sorted([3, 5, 2])
+    for row, item in enumerate(batch.items):
+        assert batch.input_ids[row, :item.length].tolist() == item.ids.tolist()
+        assert (batch.input_ids[row, item.length:] == 0).all()
+
+
+def test_token_budget_counts_padded_tokens():
+    scheduler = _scheduler(max_tokens=40)
+    _submit(scheduler, 1, [10] * 6)
+    first = scheduler.next_batch()
+    assert len(first.items) == 4  # 4 x 10 = 40 fits, 5 x 10 does not
+    assert len(scheduler.next_batch().items) == 2
+
+
+def test_count_cap():
+    scheduler = _scheduler(max_tokens=10_000, max_size=3)
+    _submit(scheduler, 1, [2] * 7)
+    assert [len(scheduler.next_batch().items) for _ in range(3)] == [3, 3, 1]
+
+
+def test_an_input_longer_than_the_budget_still_runs_alone():
+    scheduler = _scheduler(max_tokens=8)
+    _submit(scheduler, 1, [20, 3])
+    sizes = sorted(len(scheduler.next_batch().items) for _ in range(2))
+    assert sizes == [1, 1]
+
+
+def test_batch_groups_similar_lengths_around_the_oldest_input():
+    scheduler = _scheduler(max_tokens=100, max_size=3)
+    _submit(scheduler, 1, [50])  # oldest
+    _submit(scheduler, 2, [2, 3, 48, 49, 4])
+    batch = scheduler.next_batch()
+    # 2 x 50 fits the budget, 3 x 50 does not; the nearest length joins the oldest.
+    assert sorted(item.length for item in batch.items) == [49, 50]
+    assert sorted(item.length for item in scheduler.next_batch().items) == [2, 3, 4]
+
+
+def test_oldest_input_is_never_starved_by_shorter_arrivals():
+    scheduler = _scheduler(max_tokens=64, max_size=4)
+    _submit(scheduler, 1, [60])
+    for request_id in range(2, 12):
+        _submit(scheduler, request_id, [2])
+    batch = scheduler.next_batch()
+    assert any(item.request.request_id == 1 for item in batch.items)
+
+
+def test_models_take_turns_by_age():
+    scheduler = _scheduler()
+    scheduler.add_model("other", 1000, 32, pad_id=1)
+    _submit(scheduler, 1, [3], model="other")
+    _submit(scheduler, 2, [3], model="m")
+    assert scheduler.next_batch().model == "other"
+    assert scheduler.next_batch().model == "m"
+
+
+def test_finish_reports_a_request_when_all_its_inputs_are_done():
+    scheduler = _scheduler(max_size=2)
+    _submit(scheduler, 1, [3, 3, 3])
+    assert scheduler.finish(scheduler.next_batch().items) == []
+    finished = scheduler.finish(scheduler.next_batch().items)
+    assert [r.request_id for r in finished] == [1]
+
+
+def test_cancel_drops_waiting_inputs():
+    scheduler = _scheduler(max_size=2)
+    _submit(scheduler, 1, [3, 3, 3, 3])
+    running = scheduler.next_batch()
+    assert scheduler.cancel(1) is False  # two inputs are still running
+    finished = scheduler.finish(running.items)
+    assert [(r.request_id, r.cancelled) for r in finished] == [(1, True)]
+    _submit(scheduler, 2, [1])
+    assert [item.request.request_id for item in scheduler.next_batch().items] == [2]
+
+
+def test_cancel_of_a_fully_waiting_request_finishes_it_at_once():
+    scheduler = _scheduler()
+    _submit(scheduler, 1, [3, 3])
+    assert scheduler.cancel(1) is True
+    assert scheduler.cancel(99) is False  # unknown: already finished
+
+
+def test_abandon_gives_up_the_whole_request():
+    scheduler = _scheduler(max_size=1)
+    _submit(scheduler, 1, [3, 3])
+    _submit(scheduler, 2, [3])
+    batch = scheduler.next_batch()
+    assert scheduler.abandon(batch.items) == [1]
+    assert [item.request.request_id for item in scheduler.next_batch().items] == [2]
+
+
+def test_next_batch_blocks_until_work_arrives_and_close_releases_it():
+    scheduler = _scheduler()
+    got = []
+    thread = threading.Thread(target=lambda: got.append(scheduler.next_batch()))
+    thread.start()
+    _submit(scheduler, 1, [2])
+    thread.join(5)
+    assert got and got[0].items[0].request.request_id == 1
+    thread = threading.Thread(target=lambda: got.append(scheduler.next_batch()))
+    thread.start()
+    scheduler.close()
+    thread.join(5)
+    assert got[-1] is None

@@ -1,0 +1,89 @@
+"""Unit tests of configuration loading: precedence, validation, messages that name keys."""
+
+import pytest
+
+from infinity.cli import build_parser
+from infinity.config import ConfigError, load_config
+from infinity.supervisor import plan_cpus
+
+
+def _toml(tmp_path, text: str):
+    path = tmp_path / "models.toml"
+    path.write_text(text)
+    return path
+
+
+def test_defaults_serve_the_packaged_model():
+    config = load_config(env={})
+    assert config.server.port == 7997
+    assert [(m.name, m.source) for m in config.models] == [("all-MiniLM-L6-v2", "default")]
+
+
+def test_cli_beats_env_beats_file(tmp_path):
+    path = _toml(tmp_path, "[server]\nport = 8001\nhost = '127.0.0.1'\n")
+    assert load_config(path, env={}).server.port == 8001
+    assert load_config(path, env={"INFINITY_PORT": "8002"}).server.port == 8002
+    config = load_config(path, env={"INFINITY_PORT": "8002"}, server_overrides={"port": 8003})
+    assert config.server.port == 8003
+    assert config.server.host == "127.0.0.1"
+
+
+def test_model_flag_replaces_the_file_models(tmp_path):
+    path = _toml(tmp_path, "[[models]]\nname = 'a'\nsource = '/models/a'\n")
+    assert [m.name for m in load_config(path, env={}).models] == ["a"]
+    config = load_config(path, env={}, model_source="/models/b/")
+    assert [(m.name, m.source) for m in config.models] == [("b", "/models/b/")]
+    config = load_config(path, env={"INFINITY_MODEL": "org/c"}, model_name="c-served")
+    assert [(m.name, m.source) for m in config.models] == [("c-served", "org/c")]
+
+
+@pytest.mark.parametrize("text, key", [
+    ("[server]\nprot = 1\n", "prot"),
+    ("[server]\nport = 'abc'\n", "port"),
+    ("[server]\nport = 70000\n", "server.port"),
+    ("[[models]]\npooling = 'max'\n", "pooling"),
+    ("[[models]]\nname = 'x'\nbatch = 3\n", "batch"),
+    ("[[models]]\nmax_batch_size = 0\n", "max_batch_size"),
+    ("[server]\nurl_prefix = 'v2/'\n", "url_prefix"),
+    ("[[models]]\nname = 'a'\n[[models]]\nname = 'a'\n", "unique"),
+])
+def test_bad_config_names_the_key(tmp_path, text, key):
+    with pytest.raises(ConfigError) as error:
+        load_config(_toml(tmp_path, text), env={})
+    assert key in str(error.value)
+
+
+def test_bad_env_value_names_the_key():
+    with pytest.raises(ConfigError, match="port"):
+        load_config(env={"INFINITY_PORT": "not-a-number"})
+
+
+def test_missing_or_broken_file(tmp_path):
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(tmp_path / "nope.toml", env={})
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_config(_toml(tmp_path, "[server\n"), env={})
+
+
+def test_help_documents_every_server_flag(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        build_parser().parse_args(["serve", "--help"])
+    assert exit_.value.code == 0
+    text = capsys.readouterr().out
+    for flag in ("--config", "--model", "--port", "--api-key", "--url-prefix", "--tokenizer-workers",
+                 "--max-queued-items", "INFINITY_"):
+        assert flag in text
+
+
+@pytest.mark.parametrize("cpus, workers, tokenizers, inference, threads", [
+    ([0, 1], 0, [None], None, 2),
+    ([0, 1, 2, 3], 0, [[3]], [0, 1, 2], 3),
+    (list(range(16)), 0, [[14], [15]], list(range(14)), 14),
+    (list(range(8)), 3, [[5], [6], [7]], list(range(5)), 5),
+    ([0, 1], 2, [None, None], None, 2),
+])
+def test_cpu_plan(cpus, workers, tokenizers, inference, threads):
+    plan = plan_cpus(cpus, workers)
+    assert plan.tokenizer_cpus == tokenizers
+    assert plan.inference_cpus == inference
+    assert plan.inference_threads == threads

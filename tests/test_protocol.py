@@ -1,0 +1,105 @@
+"""Unit tests of the message protocol, request-body checks and the shared-memory arena."""
+
+import numpy as np
+import pytest
+
+from infinity import protocol, shm
+from infinity.errors import APIError
+from infinity.schemas import EmbeddingRequest, decode_body, embedding_inputs
+
+MESSAGES = [
+    protocol.Tokenize(1, "m", texts=["a", "b"]),
+    protocol.Tokenize(2, "m", token_ids=[[1, 2], [3]]),
+    protocol.Tokenized(3, np.arange(5, dtype="<i4").tobytes(), [2, 3], 1),
+    protocol.Infer(4, "m", b"\x01\x00\x00\x00", [1], [7]),
+    protocol.Cancel(5),
+    protocol.Done(6, cancelled=True),
+    protocol.Failed(7, 422, "too long", param="input"),
+    protocol.Ready("inference-cpu", 123, [protocol.ModelInfo("m", "embed", 384, 256, "arena", 10)]),
+    protocol.StartupFailed("tokenizer-0", "boom"),
+]
+
+
+@pytest.mark.parametrize("message", MESSAGES, ids=lambda m: type(m).__name__)
+def test_every_message_round_trips(message):
+    assert protocol.decode(protocol.encode(message)) == message
+
+
+def test_decode_rejects_garbage():
+    with pytest.raises(Exception):
+        protocol.decode(b"\x93garbage")
+
+
+@pytest.mark.parametrize("value, texts, token_ids", [
+    ("hi", ["hi"], None),
+    (["a", "b"], ["a", "b"], None),
+    ([1, 2, 3], None, [[1, 2, 3]]),
+    ([[1, 2], [3]], None, [[1, 2], [3]]),
+])
+def test_embedding_inputs_shapes(value, texts, token_ids):
+    inputs = embedding_inputs(value, max_items=10)
+    assert (inputs.texts, inputs.token_ids) == (texts, token_ids)
+
+
+@pytest.mark.parametrize("value", ["", [], ["a", ""], [1, "a"], [[1], []], [True], [1.5], {"a": 1}, 5, None,
+                                   [[1, "x"]], ["a"] * 11])
+def test_embedding_inputs_rejects(value):
+    with pytest.raises(APIError) as error:
+        embedding_inputs(value, max_items=10)
+    assert error.value.status == 422
+    assert error.value.param == "input"
+
+
+def test_decode_body_statuses():
+    with pytest.raises(APIError) as error:
+        decode_body(b"{not json", EmbeddingRequest)
+    assert error.value.status == 400
+    with pytest.raises(APIError) as error:
+        decode_body(b'{"input": "a", "model": 3}', EmbeddingRequest)
+    assert (error.value.status, error.value.param) == (422, "model")
+    with pytest.raises(APIError) as error:
+        decode_body(b'{"model": "m"}', EmbeddingRequest)
+    assert error.value.status == 422
+    with pytest.raises(APIError) as error:
+        decode_body(b"", EmbeddingRequest)
+    assert error.value.status == 400
+    body = decode_body(b'{"input": "a", "encoding_format": "base64", "dimensions": 8}', EmbeddingRequest)
+    assert (body.encoding_format, body.dimensions) == ("base64", 8)
+
+
+def test_arena_is_shared_between_mappings_and_removed_by_name():
+    name = shm.server_prefix() + "unit-test"
+    writer = shm.Arena(name, slots=4, dim=3, create=True)
+    try:
+        reader = shm.Arena(name, slots=4, dim=3, create=False)
+        writer.rows[2] = [1.0, 2.0, 3.0]
+        assert reader.rows[2].tolist() == [1.0, 2.0, 3.0]
+        reader.close()
+    finally:
+        writer.close()
+        shm.remove(name)
+    assert not (shm.SHM_DIR / name).exists()
+
+
+def test_stale_arenas_of_dead_servers_are_removed():
+    dead_pid = 2 ** 22 + 12345  # above pid_max's default: no such process
+    stale = f"infinity-emb-{dead_pid}-inference-cpu-m"
+    live = shm.server_prefix() + "keep"
+    for name in (stale, live):
+        shm.Arena(name, 1, 1, create=True).close()
+    try:
+        assert stale in shm.remove_stale()
+        assert not (shm.SHM_DIR / stale).exists()
+        assert (shm.SHM_DIR / live).exists()
+    finally:
+        shm.remove(live)
+        shm.remove(stale)
+
+
+def test_slot_pool_admits_only_what_fits():
+    pool = shm.SlotPool(3)
+    first = pool.take(2)
+    assert pool.take(2) is None
+    assert pool.free == 1
+    pool.give_back(first)
+    assert sorted(pool.take(3)) == [0, 1, 2]
