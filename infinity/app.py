@@ -154,7 +154,9 @@ async def embeddings(request: web.Request) -> web.Response:
     pipeline = request.app[PIPELINE]
     body = decode_body(await request.read(), EmbeddingRequest)
     model = _served_model(pipeline, body.model)
-    inputs = embedding_inputs(body.input, request.app[CONFIG].server.max_items_per_request)
+    server = request.app[CONFIG].server
+    # A request larger than the model's whole queue could never be admitted: refuse it as input.
+    inputs = embedding_inputs(body.input, min(server.max_items_per_request, server.max_queued_items))
     dim = model.info.dim if model.info else None
     if body.dimensions is not None and dim is not None and not 0 < body.dimensions <= dim:
         raise APIError(422, f"dimensions must be between 1 and {dim} for model '{model.spec.name}'",

@@ -17,7 +17,7 @@ _SERVER_FLAGS = {
     "--url-prefix": ("url_prefix", str, "serve every route below this path, e.g. /embed"),
     "--tokenizer-workers": ("tokenizer_workers", int, "tokenizer processes (default 0: from the core count)"),
     "--max-queued-items": ("max_queued_items", int, "inputs waiting or running per model before 429 (default 4096)"),
-    "--max-items-per-request": ("max_items_per_request", int, "inputs one request may carry (default 2048)"),
+    "--max-items-per-request": ("max_items_per_request", int, "inputs one request may carry (default 2048; never more than --max-queued-items)"),
     "--max-request-bytes": ("max_request_bytes", int, "largest request body, larger is 413 (default 16 MiB)"),
     "--log-level": ("log_level", str, "debug, info, warning or error (default info)"),
 }

@@ -1,16 +1,18 @@
 """Unit tests of the inference process's scheduler: token budget, count cap, length
-sorting, fairness, cancellation."""
+sorting, the pass cost model, fairness, cancellation."""
 
 import threading
 
 import numpy as np
+import pytest
 
-from workers.batching import Scheduler
+from workers.batching import Scheduler, split_by_cost
 
 
-def _scheduler(max_tokens: int = 1000, max_size: int = 32) -> Scheduler:
+def _scheduler(max_tokens: int = 1000, max_size: int = 32, overhead: float = 1e6) -> Scheduler:
+    """A scheduler; the default pass overhead is so high that only the budget splits."""
     scheduler = Scheduler()
-    scheduler.add_model("m", max_tokens, max_size, pad_id=0)
+    scheduler.add_model("m", max_tokens, max_size, pad_id=0, pass_overhead_tokens=overhead)
     return scheduler
 
 
@@ -59,6 +61,26 @@ def test_batch_groups_similar_lengths_around_the_oldest_input():
     # 2 x 50 fits the budget, 3 x 50 does not; the nearest length joins the oldest.
     assert sorted(item.length for item in batch.items) == [49, 50]
     assert sorted(item.length for item in scheduler.next_batch().items) == [2, 3, 4]
+
+
+@pytest.mark.parametrize("lengths, overhead, groups", [
+    ([5, 5, 5], 10, [(0, 2)]),  # equal lengths: one pass
+    ([2, 3, 100], 10, [(0, 1), (2, 2)]),  # 3 x 100 padded is dearer than a second pass
+    ([2, 3, 100], 1000, [(0, 2)]),  # a pass costs more than the padding it saves
+    ([1, 2, 3, 4], 0, [(0, 0), (1, 1), (2, 2), (3, 3)]),  # free passes: no padding at all
+    ([], 5, []),
+])
+def test_split_by_cost(lengths, overhead, groups):
+    assert split_by_cost(lengths, overhead) == groups
+
+
+def test_mixed_lengths_run_in_groups_starting_with_the_oldest():
+    scheduler = _scheduler(overhead=16)
+    _submit(scheduler, 1, [200])  # oldest
+    _submit(scheduler, 2, [5, 6, 190, 7])
+    first = scheduler.next_batch()
+    assert sorted(item.length for item in first.items) == [190, 200]
+    assert sorted(item.length for item in scheduler.next_batch().items) == [5, 6, 7]
 
 
 def test_oldest_input_is_never_starved_by_shorter_arrivals():

@@ -2,11 +2,13 @@
 cut into batches by a token budget and a count cap.
 
 A batch always holds the oldest waiting input of the model that has waited longest (so
-nothing starves), plus the inputs closest to it in length (so padding stays small), as
-many as fit `max_batch_tokens` (counted padded: inputs × longest input) and
-`max_batch_size`. There is no waiting window: a batch is cut as soon as the engine is
-free, from whatever has arrived. Inputs of a cancelled request are dropped before they
-reach a batch.
+nothing starves), plus inputs close to it in length, within `max_batch_tokens` (counted
+padded: inputs × longest input) and `max_batch_size`. Where lengths differ widely, the
+candidates are split into groups by a cost model, a fixed cost per forward pass plus
+one unit per padded token, and only the oldest input's group runs now; the others wait
+for the next pass, where later arrivals may join them. There is no waiting window: a
+batch is cut as soon as the engine is free, from whatever has arrived. Inputs of a
+cancelled request are dropped before they reach a batch.
 
 The scheduler is shared by the thread that receives requests and the thread that runs
 the engine; one lock guards it.
@@ -57,6 +59,7 @@ class _ModelQueue:
     max_batch_tokens: int
     max_batch_size: int
     pad_id: int
+    pass_overhead_tokens: float
     # Waiting items sorted by (length, seq); `oldest` finds the fairness anchor.
     by_length: list[tuple[int, int, Item]] = field(default_factory=list)
 
@@ -70,8 +73,11 @@ class Scheduler:
         self._wakeup = threading.Condition(self._lock)
         self._closed = False
 
-    def add_model(self, name: str, max_batch_tokens: int, max_batch_size: int, pad_id: int) -> None:
-        self._queues[name] = _ModelQueue(max_batch_tokens, max_batch_size, pad_id)
+    def add_model(self, name: str, max_batch_tokens: int, max_batch_size: int, pad_id: int,
+                  pass_overhead_tokens: float = 0.0) -> None:
+        """`pass_overhead_tokens`: the fixed cost of one forward pass, in tokens' worth of
+        compute; it decides when inputs of different lengths share a padded batch."""
+        self._queues[name] = _ModelQueue(max_batch_tokens, max_batch_size, pad_id, pass_overhead_tokens)
 
     def submit(self, request_id: int, model: str, ids: np.ndarray, lengths: list[int],
                slots: list[int]) -> None:
@@ -162,21 +168,55 @@ def _sort_key(entry: tuple[int, int, Item]) -> tuple[int, int]:
 
 
 def _cut(queue: _ModelQueue) -> list[Item]:
-    """Remove and return a batch around the oldest waiting item of `queue`."""
+    """Remove and return the next batch of `queue`: the cheapest group, per token, of
+    inputs of similar length around the oldest waiting one."""
     entries = queue.by_length
     anchor = min(range(len(entries)), key=lambda i: entries[i][1])
-    lo = hi = anchor  # inclusive window in length order; entries[hi] is the longest
-    while hi - lo + 1 < queue.max_batch_size:
+    lo, hi = _window(entries, anchor, queue.max_batch_tokens, queue.max_batch_size)
+    lengths = [entry[0] for entry in entries[lo:hi + 1]]
+    first, last = _group_of(anchor - lo, split_by_cost(lengths, queue.pass_overhead_tokens))
+    batch = [entry[2] for entry in entries[lo + first:lo + last + 1]]
+    del entries[lo + first:lo + last + 1]
+    return batch
+
+
+def _window(entries: list[tuple[int, int, Item]], anchor: int, max_tokens: int, max_size: int) -> tuple[int, int]:
+    """The widest run of length-sorted entries around `anchor` that fits the budget,
+    counted padded (inputs x longest); shorter neighbours are taken first."""
+    lo = hi = anchor
+    while hi - lo + 1 < max_size:
         count = hi - lo + 2
-        if lo > 0 and count * entries[hi][0] <= queue.max_batch_tokens:
-            lo -= 1  # a shorter item never adds padding
-        elif hi + 1 < len(entries) and count * entries[hi + 1][0] <= queue.max_batch_tokens:
+        if lo > 0 and count * entries[hi][0] <= max_tokens:
+            lo -= 1
+        elif hi + 1 < len(entries) and count * entries[hi + 1][0] <= max_tokens:
             hi += 1
         else:
             break
-    batch = [entry[2] for entry in entries[lo:hi + 1]]
-    del entries[lo:hi + 1]
-    return batch
+    return lo, hi
+
+
+def split_by_cost(lengths: list[int], overhead_tokens: float) -> list[tuple[int, int]]:
+    """Split ascending `lengths` into contiguous groups (first, last) that minimise the
+    total cost of running each group as one padded forward pass: `overhead_tokens` (the
+    fixed cost of a pass, in token-equivalents) + inputs x longest input."""
+    n = len(lengths)
+    best = [0.0] + [float("inf")] * n  # best[j]: cost of the first j inputs
+    cut = [0] * (n + 1)
+    for j in range(1, n + 1):
+        for i in range(j):
+            cost = best[i] + overhead_tokens + lengths[j - 1] * (j - i)
+            if cost < best[j]:
+                best[j], cut[j] = cost, i
+    groups = []
+    j = n
+    while j > 0:
+        groups.append((cut[j], j - 1))
+        j = cut[j]
+    return groups[::-1]
+
+
+def _group_of(index: int, groups: list[tuple[int, int]]) -> tuple[int, int]:
+    return next(group for group in groups if group[0] <= index <= group[1])
 
 
 def _pad(model: str, items: list[Item], pad_id: int) -> Batch:

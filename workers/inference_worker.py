@@ -11,7 +11,9 @@ from __future__ import annotations
 import logging
 import os
 import re
+import statistics
 import threading
+import time
 
 import numpy as np
 import zmq
@@ -31,8 +33,7 @@ def main(args: protocol.WorkerArgs) -> None:
     try:
         try:
             engines = {spec.name: load_engine(spec, args.threads) for spec in args.models}
-            for spec in args.models:
-                _warm_up(engines[spec.name], spec.max_length)
+            overheads = {spec.name: _warm_up(engines[spec.name], spec.max_length) for spec in args.models}
             arenas = {spec.name: Arena(_arena_name(args, spec.name), args.arena_slots,
                                        engines[spec.name].dim, create=True) for spec in args.models}
         except Exception as exc:
@@ -41,7 +42,8 @@ def main(args: protocol.WorkerArgs) -> None:
             return
         scheduler = Scheduler()
         for spec in args.models:
-            scheduler.add_model(spec.name, spec.max_batch_tokens, spec.max_batch_size, engines[spec.name].pad_id)
+            scheduler.add_model(spec.name, spec.max_batch_tokens, spec.max_batch_size, engines[spec.name].pad_id,
+                                overheads[spec.name])
         threading.Thread(target=_receive, args=(context, args, inbox, scheduler), daemon=True,
                          name="receiver").start()
         infos = [protocol.ModelInfo(spec.name, spec.kind, engines[spec.name].dim, spec.max_length,
@@ -57,11 +59,30 @@ def _arena_name(args: protocol.WorkerArgs, model: str) -> str:
     return args.arena_prefix + re.sub(r"[^A-Za-z0-9_.-]", "_", f"{args.name}-{model}")
 
 
-def _warm_up(engine: Engine, max_length: int) -> None:
-    """Run the shapes the first requests will have, so they pay no one-time costs."""
-    for rows, length in ((1, 8), (4, min(64, max_length)), (1, max_length)):
+def _warm_up(engine: Engine, max_length: int) -> float:
+    """Run the shapes the first requests will have, so they pay no one-time costs, and
+    return the fixed cost of a forward pass in tokens' worth of compute: timing a small
+    and a large batch fits time = overhead + per_token x padded tokens."""
+    def seconds(rows: int, length: int) -> float:
         ids = np.full((rows, length), engine.pad_id + 1, dtype=np.int64)
-        engine.embed(ids, np.ones_like(ids))
+        mask = np.ones_like(ids)
+        engine.embed(ids, mask)
+        times = []
+        for _ in range(3):
+            start = time.perf_counter()
+            engine.embed(ids, mask)
+            times.append(time.perf_counter() - start)
+        return statistics.median(times)
+
+    seconds(1, max_length)
+    small_length, large_rows, large_length = min(16, max_length), 4, min(128, max_length)
+    small, large = seconds(1, small_length), seconds(large_rows, large_length)
+    per_token = max((large - small) / (large_rows * large_length - small_length), 1e-9)
+    # Clamped: a start on a busy machine must not leave a senseless cost model behind.
+    overhead_tokens = min(max(small / per_token - small_length, 4.0), 1024.0)
+    log.info("forward pass: %.2f ms fixed, %.1f us per token: overhead = %.0f tokens",
+             (small - small_length * per_token) * 1e3, per_token * 1e6, overhead_tokens)
+    return overhead_tokens
 
 
 def _run(batch: Batch, engine: Engine, arena: Arena, scheduler: Scheduler, to_front: zmq.Socket) -> None:
