@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import zmq
-import zmq.asyncio
 
 from infinity import protocol, shm
 from infinity.config import ServerConfig
@@ -98,7 +97,7 @@ class Pipeline:
         self._server = server
         self._rundir = tempfile.mkdtemp(prefix="infinity-")
         self._arena_prefix = shm.server_prefix()
-        self._context = zmq.asyncio.Context()
+        self._context = zmq.Context()
         self._inbox = self._context.socket(zmq.PULL)
         self._inbox.setsockopt(zmq.LINGER, 0)
         self._inbox.setsockopt(zmq.RCVHWM, 0)
@@ -107,8 +106,14 @@ class Pipeline:
         self._next_id = 0
         self._outstanding: dict[str, int] = {}
         self._started: asyncio.Future[None] | None = None
-        self._receiver: asyncio.Task[None] | None = None
         self._stopping = False
+        self._handlers = {
+            protocol.Ready: self._on_ready,
+            protocol.StartupFailed: self._on_startup_failed,
+            protocol.Tokenized: self._on_tokenized,
+            protocol.Done: self._on_done,
+            protocol.Failed: self._on_failed,
+        }
 
         plan = plan_cpus(usable_cpus(), server.tokenizer_workers)
         self.tokenizers = [
@@ -145,8 +150,9 @@ class Pipeline:
 
     async def start(self) -> None:
         """Start every child; return once all are ready, or raise `StartupError`."""
-        self._started = asyncio.get_running_loop().create_future()
-        self._receiver = asyncio.create_task(self._receive())
+        loop = asyncio.get_running_loop()
+        self._started = loop.create_future()
+        loop.add_reader(self._inbox.getsockopt(zmq.FD), self._receive)
         for child in self.children:
             child.start(self._context, self._child_exited)
         await self._started
@@ -190,18 +196,13 @@ class Pipeline:
         if pending.holder in self.inference and pending.holder.socket is not None:
             pending.holder.send(protocol.Cancel(pending.request_id))
 
-    async def _receive(self) -> None:
-        handlers = {
-            protocol.Ready: self._on_ready,
-            protocol.StartupFailed: self._on_startup_failed,
-            protocol.Tokenized: self._on_tokenized,
-            protocol.Done: self._on_done,
-            protocol.Failed: self._on_failed,
-        }
-        while True:
-            message = protocol.decode(await self._inbox.recv())
+    def _receive(self) -> None:
+        """Handle every message waiting on the inbox (its file descriptor is edge-triggered:
+        drain until ZeroMQ reports nothing more)."""
+        while self._inbox.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            message = protocol.decode(self._inbox.recv(zmq.NOBLOCK))
             try:
-                handlers[type(message)](message)
+                self._handlers[type(message)](message)
             except Exception:
                 log.exception("handling %s failed", type(message).__name__)
 
@@ -309,8 +310,7 @@ class Pipeline:
             child.close_socket()
         for pending in list(self._pending.values()):
             self._finish(pending, APIError(503, "the server is shutting down", code="shutting_down"))
-        if self._receiver is not None:
-            self._receiver.cancel()
+        asyncio.get_running_loop().remove_reader(self._inbox.getsockopt(zmq.FD))
         self._inbox.close(linger=0)
         self._context.term()
         shm.remove_with_prefix(self._arena_prefix)

@@ -15,7 +15,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import zmq
-import zmq.asyncio
 
 from infinity import protocol
 
@@ -58,11 +57,11 @@ class Child:
         self.name = args.name
         self._target = target
         self.process: multiprocessing.process.BaseProcess | None = None
-        self.socket: zmq.asyncio.Socket | None = None
+        self.socket: zmq.Socket | None = None
         self.ready = False
         self.failures = 0
 
-    def start(self, context: zmq.asyncio.Context, on_exit: Callable[[Child], None]) -> None:
+    def start(self, context: zmq.Context, on_exit: Callable[[Child], None]) -> None:
         """Spawn the process and a fresh socket to it (so nothing queued for a dead
         predecessor reaches the new process)."""
         self.ready = False
@@ -76,7 +75,7 @@ class Child:
 
     def send(self, message: protocol.Message) -> None:
         assert self.socket is not None
-        self.socket.send(protocol.encode(message), copy=False)
+        self.socket.send(protocol.encode(message))
 
     def _exited(self, on_exit: Callable[[Child], None]) -> None:
         assert self.process is not None

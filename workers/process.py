@@ -46,4 +46,5 @@ def start_child(args: protocol.WorkerArgs) -> tuple[zmq.Context, zmq.Socket, zmq
 
 
 def _exit_on_sigterm(signum: int, frame: object) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not break the exit
     raise SystemExit(0)
