@@ -67,10 +67,11 @@ def _serve(config, specs) -> int:  # type: ignore[no-untyped-def]
 
     from infinity import shm
     from infinity.app import EXIT_CODE, create_app
+    from infinity.supervisor import remove_stale_run_dirs
 
-    stale = shm.remove_stale()
+    stale = shm.remove_stale() + remove_stale_run_dirs()
     if stale:
-        logging.info("removed %d shared-memory segments left by a stopped server", len(stale))
+        logging.info("removed what stopped servers left behind: %s", ", ".join(stale))
     loop = uvloop.new_event_loop()
     app = create_app(config, specs)
     web.run_app(app, host=config.server.host, port=config.server.port, loop=loop,

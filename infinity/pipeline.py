@@ -25,7 +25,7 @@ from infinity.config import ServerConfig
 from infinity.errors import APIError
 from infinity.protocol import ModelSpec
 from infinity.schemas import EmbeddingInputs
-from infinity.supervisor import Child, plan_cpus, usable_cpus
+from infinity.supervisor import Child, plan_cpus, run_dir_prefix, usable_cpus
 from workers import inference_worker, tokenizer_worker
 
 log = logging.getLogger(__name__)
@@ -95,7 +95,7 @@ class EmbeddingResult:
 class Pipeline:
     def __init__(self, server: ServerConfig, specs: list[ModelSpec]) -> None:
         self._server = server
-        self._rundir = tempfile.mkdtemp(prefix="infinity-")
+        self._rundir = tempfile.mkdtemp(prefix=run_dir_prefix())
         self._arena_prefix = shm.server_prefix()
         self._context = zmq.Context()
         self._inbox = self._context.socket(zmq.PULL)
@@ -170,10 +170,14 @@ class Pipeline:
             raise APIError(429, f"model '{model.spec.name}' has {model.pool.capacity - model.pool.free} inputs "
                                 "queued, its limit; retry later", code="overloaded", headers={"Retry-After": "1"})
         self._next_id += 1
+        try:
+            tokenizer.send(protocol.Tokenize(self._next_id, model.spec.name, inputs.texts, inputs.token_ids))
+        except Exception:
+            model.pool.give_back(slots)
+            raise
         pending = _Pending(self._next_id, model, slots, asyncio.get_running_loop().create_future(), tokenizer)
         self._pending[pending.request_id] = pending
         self._outstanding[tokenizer.name] += 1
-        tokenizer.send(protocol.Tokenize(pending.request_id, model.spec.name, inputs.texts, inputs.token_ids))
         try:
             return await pending.future
         except asyncio.CancelledError:

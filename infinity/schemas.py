@@ -41,9 +41,13 @@ def decode_body(body: bytes, request_type: type[msgspec.Struct]) -> Any:
 
 
 def _param_of(message: str) -> str | None:
-    """`Expected str, got int - at $.model` -> `model`."""
+    """`Expected str, got int - at $.model` -> `model`;
+    `Object missing required field `input`` -> `input`."""
     _, sep, path = message.rpartition(" - at `$.")
-    return path.rstrip("`").split("[")[0].split(".")[0] if sep else None
+    if sep:
+        return path.rstrip("`").split("[")[0].split(".")[0]
+    _, sep, field = message.rpartition("missing required field `")
+    return field.rstrip("`") or None if sep else None
 
 
 _SHAPE = ("input must be a non-empty string, a list of non-empty strings, a list of token ids "
@@ -67,10 +71,23 @@ def embedding_inputs(value: Any, max_items: int) -> EmbeddingInputs:
             raise APIError(422, f"input[{empty}] is an empty string", param="input")
         return EmbeddingInputs(texts=value)
     if all(_is_token(v) for v in value):
-        return EmbeddingInputs(token_ids=[value])
+        return EmbeddingInputs(token_ids=_in_range([value]))
     if all(isinstance(v, list) and v and all(_is_token(t) for t in v) for v in value):
-        return EmbeddingInputs(token_ids=value)
+        return EmbeddingInputs(token_ids=_in_range(value))
     raise APIError(422, _SHAPE, param="input")
+
+
+def _in_range(sequences: list[list[int]]) -> list[list[int]]:
+    """Token ids travel as int32; the tokenizer process checks the model's own vocabulary."""
+    for i, ids in enumerate(sequences):
+        bad = next((t for t in ids if not 0 <= t <= _MAX_TOKEN_ID), None)
+        if bad is not None:
+            raise APIError(422, f"input[{i}] holds token id {bad}, outside the model's vocabulary",
+                           param="input")
+    return sequences
+
+
+_MAX_TOKEN_ID = 2**31 - 1  # token ids travel as int32
 
 
 def _is_token(value: Any) -> bool:

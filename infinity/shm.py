@@ -73,13 +73,13 @@ def remove_stale() -> list[str]:
     removed = []
     for path in SHM_DIR.glob(f"{_PREFIX}-*"):
         match = _NAME.match(path.name)
-        if match and not _pid_alive(int(match.group(1))):
+        if match and not pid_alive(int(match.group(1))):
             remove(path.name)
             removed.append(path.name)
     return removed
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

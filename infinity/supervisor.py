@@ -11,12 +11,15 @@ import asyncio
 import logging
 import multiprocessing
 import os
+import shutil
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import zmq
 
-from infinity import protocol
+from infinity import protocol, shm
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +46,22 @@ def plan_cpus(cpus: list[int], tokenizer_workers: int = 0) -> CpuPlan:
     pinned = cpus[-count:]
     rest = cpus[:-count]
     return CpuPlan([[cpu] for cpu in pinned], rest, len(rest))
+
+
+def run_dir_prefix(pid: int | None = None) -> str:
+    """Name prefix of the temporary folder holding a server's ZeroMQ socket files."""
+    return f"infinity-{os.getpid() if pid is None else pid}-"
+
+
+def remove_stale_run_dirs() -> list[str]:
+    """Remove socket folders of servers whose front end is gone (killed, say)."""
+    removed = []
+    for path in Path(tempfile.gettempdir()).glob("infinity-*-*"):
+        pid = path.name.split("-")[1]
+        if path.is_dir() and pid.isdigit() and not shm.pid_alive(int(pid)):
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(str(path))
+    return removed
 
 
 def usable_cpus() -> list[int]:

@@ -112,10 +112,7 @@ def _receive_loop(context: zmq.Context, args: protocol.WorkerArgs, inbox: zmq.So
     acks.setsockopt(zmq.LINGER, 0)
     acks.connect(args.front_endpoint)
     while True:
-        try:
-            message = protocol.decode(inbox.recv())
-        except zmq.ContextTerminated:
-            return  # the process is stopping
+        message = protocol.decode(inbox.recv())
         if isinstance(message, protocol.Infer):
             ids = np.frombuffer(message.ids, dtype="<i4")
             scheduler.submit(message.request_id, message.model, ids, message.lengths, message.slots)

@@ -1,0 +1,82 @@
+"""Detect CPU noise from other processes while a benchmark runs (Linux ``/proc``).
+
+On a small shared machine, anything else running (a test suite, another server)
+silently skews throughput. ``sample`` reads the machine-wide busy time and the
+CPU time of the processes we are measuring (this process plus one process group),
+so ``other_share`` can tell how much of the machine was used by anyone else in
+between. ``wait_idle`` waits, within a limit, until the machine is quiet.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+_PROC = Path("/proc")
+
+
+@dataclass(frozen=True)
+class CpuSample:
+    """Clock ticks: machine total, machine idle, and used by the measured processes."""
+
+    total: int
+    idle: int
+    ours: int
+
+
+def _machine_ticks() -> tuple[int, int]:
+    fields = [int(v) for v in (_PROC / "stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + fields[4]  # idle + iowait
+    # guest time is already included in user/nice.
+    return sum(fields[:8]), idle
+
+
+def _process_ticks(stat_path: Path, pgid: int | None) -> int:
+    """utime+stime+cutime+cstime of one process, or 0 if it is gone or not in ``pgid``."""
+    try:
+        # The command name may hold spaces or parentheses: split after the last ')'.
+        rest = stat_path.read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return 0
+    if pgid is not None and int(rest[2]) != pgid:
+        return 0
+    return sum(int(v) for v in rest[11:15])
+
+
+def sample(pgid: int | None = None) -> CpuSample:
+    """Sample machine ticks and the ticks of this process plus process group ``pgid``."""
+    total, idle = _machine_ticks()
+    ours = _process_ticks(_PROC / "self" / "stat", None)
+    if pgid is not None:
+        for entry in _PROC.iterdir():
+            if entry.name.isdigit() and int(entry.name) != os.getpid():
+                ours += _process_ticks(entry / "stat", pgid)
+    return CpuSample(total, idle, ours)
+
+
+def other_share(before: CpuSample, after: CpuSample) -> float:
+    """Fraction of the machine's CPU time (0..1) used by processes we did not measure."""
+    elapsed = after.total - before.total
+    if elapsed <= 0:
+        return 0.0
+    busy = elapsed - (after.idle - before.idle)
+    return max(0.0, busy - (after.ours - before.ours)) / elapsed
+
+
+def wait_idle(
+    max_wait: float, pgid: int | None = None, threshold: float = 0.1, interval: float = 2.0
+) -> float:
+    """Wait up to ``max_wait`` s for an ``interval``-s window in which others use < ``threshold``.
+
+    Processes in group ``pgid`` (e.g. an idle server under test) do not count as
+    others. Returns the last measured share of the machine used by other processes.
+    """
+    deadline = time.monotonic() + max_wait
+    while True:
+        before = sample(pgid)
+        time.sleep(interval)
+        share = other_share(before, sample(pgid))
+        if share < threshold or time.monotonic() >= deadline:
+            return share

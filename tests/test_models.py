@@ -1,0 +1,70 @@
+"""Model sources and folders: the packaged default, plain transformers folders with a
+pooling setting, hub ids that cannot be fetched."""
+
+import numpy as np
+import pytest
+import torch
+
+from infinity.config import ConfigError, ModelConfig
+from tokenizers import Tokenizer
+
+from tests.tiny_models import save_tiny_bert
+from workers.models import resolve_model
+
+
+def test_packaged_default_model_reads_its_sentence_transformers_modules():
+    spec = resolve_model(ModelConfig(name="default"))
+    assert (spec.pooling, spec.normalize, spec.max_length, spec.lowercase) == ("mean", True, 256, False)
+
+
+def test_unreachable_hub_id_fails_with_the_model_name(monkeypatch, tmp_path):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("INFINITY_CACHE_DIR", str(tmp_path))
+    with pytest.raises(ConfigError, match="no-such-org/no-such-model"):
+        resolve_model(ModelConfig(name="x", source="no-such-org/no-such-model"))
+
+
+def test_missing_local_folder_is_named(tmp_path):
+    with pytest.raises(ConfigError, match="not a model folder"):
+        resolve_model(ModelConfig(name="x", source=str(tmp_path / "missing")))
+
+
+def test_plain_transformers_folder_with_pooling_setting(tmp_path):
+    folder = save_tiny_bert(tmp_path / "tiny")
+    spec = resolve_model(ModelConfig(name="tiny", source=str(folder), pooling="cls"))
+    assert (spec.pooling, spec.normalize, spec.max_length) == ("cls", True, 64)
+
+
+def _reference(folder, texts, pooling):
+    from transformers import BertModel
+
+    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))  # training is not deterministic
+    model = BertModel.from_pretrained(folder).eval()
+    out = []
+    for text in texts:
+        ids = torch.tensor([tokenizer.encode(text).ids])
+        with torch.no_grad():
+            hidden = model(input_ids=ids, attention_mask=torch.ones_like(ids)).last_hidden_state[0]
+        vector = hidden[0] if pooling == "cls" else hidden[-1] if pooling == "lasttoken" else hidden.mean(0)
+        out.append((vector / vector.norm()).numpy())
+    return np.stack(out)
+
+
+def test_served_plain_folder_matches_transformers(tmp_path, start_server):
+    folder = save_tiny_bert(tmp_path / "tiny")
+    config = tmp_path / "models.toml"
+    config.write_text(
+        f'[[models]]\nname = "tiny-cls"\nsource = "{folder}"\npooling = "cls"\n'
+        f'[[models]]\nname = "tiny-last"\nsource = "{folder}"\npooling = "lasttoken"\n'
+        f'[[models]]\nname = "tiny-mean"\nsource = "{folder}"\npooling = "mean"\nnormalize = false\n'
+    )
+    texts = ["the quick brown fox", "a lazy dog", "seven wizards quietly judge boxing matches of jumbo quartz"]
+    server = start_server("--config", str(config))
+    for name, pooling in (("tiny-cls", "cls"), ("tiny-last", "lasttoken")):
+        got = np.array([d["embedding"] for d in server.embed(texts, model=name).json()["data"]])
+        np.testing.assert_allclose(got, _reference(folder, texts, pooling), atol=1e-5)
+    got = np.array([d["embedding"] for d in server.embed(texts, model="tiny-mean").json()["data"]])
+    assert not np.allclose(np.linalg.norm(got, axis=1), 1.0)  # normalize = false is honoured
+    reference = _reference(folder, texts, "mean")
+    cosine = (got * reference).sum(1) / np.linalg.norm(got, axis=1)
+    assert (cosine > 0.99999).all()
