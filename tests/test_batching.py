@@ -113,7 +113,7 @@ def test_cancel_drops_waiting_inputs():
     scheduler = _scheduler(max_size=2)
     _submit(scheduler, 1, [3, 3, 3, 3])
     running = scheduler.next_batch()
-    assert scheduler.cancel(1) is False  # two inputs are still running
+    assert scheduler.cancel(1) == (2, False)  # two dropped, two still running
     finished = scheduler.finish(running.items)
     assert [(r.request_id, r.cancelled) for r in finished] == [(1, True)]
     _submit(scheduler, 2, [1])
@@ -123,8 +123,8 @@ def test_cancel_drops_waiting_inputs():
 def test_cancel_of_a_fully_waiting_request_finishes_it_at_once():
     scheduler = _scheduler()
     _submit(scheduler, 1, [3, 3])
-    assert scheduler.cancel(1) is True
-    assert scheduler.cancel(99) is False  # unknown: already finished
+    assert scheduler.cancel(1) == (2, True)
+    assert scheduler.cancel(99) == (0, False)  # unknown: already finished
 
 
 def test_abandon_gives_up_the_whole_request():

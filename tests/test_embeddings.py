@@ -237,3 +237,19 @@ def test_models_route(server):
     assert model["kind"] == "embed"
     assert model["dimensions"] == DIM
     assert model["max_length"] == MAX_LENGTH
+
+
+def test_client_that_leaves_has_its_waiting_inputs_dropped(server):
+    """A client that hangs up mid-request: its inputs still in the inference queue are
+    dropped, not computed (the inference process logs how many)."""
+    import requests
+
+    texts = [f"text {i} that is long enough to keep the engine busy " * 30 for i in range(200)]
+    start = len(server.log_text())
+    with pytest.raises(requests.exceptions.ReadTimeout):
+        requests.post(server.url("/v1/embeddings"), json={"model": MODEL_NAME, "input": texts},
+                      timeout=(5, 0.3))
+    match = server.wait_for_log(r"client gone, (\d+) waiting inputs dropped", 30, start)
+    assert match is not None, server.log_text()[start:]
+    assert int(match[1]) > 0
+    assert server.embed(["still serving"]).status_code == 200

@@ -92,8 +92,9 @@ class Scheduler:
                 bisect.insort(queue.by_length, (item.length, item.seq, item), key=_sort_key)
             self._wakeup.notify()
 
-    def cancel(self, request_id: int) -> bool:
-        """Drop the waiting inputs of a request; True if it is thereby finished.
+    def cancel(self, request_id: int) -> tuple[int, bool]:
+        """Drop the waiting inputs of a request; return how many were dropped and whether
+        the request is thereby finished (nothing of it is running).
 
         The front end sends Cancel on the socket that carried the request, so an unknown
         id is one that has already finished.
@@ -101,16 +102,17 @@ class Scheduler:
         with self._lock:
             request = self._requests.get(request_id)
             if request is None:
-                return False
+                return 0, False
             request.cancelled = True
             queue = self._queues[request.model]
             kept = [entry for entry in queue.by_length if entry[2].request is not request]
-            request.remaining -= len(queue.by_length) - len(kept)
+            dropped = len(queue.by_length) - len(kept)
+            request.remaining -= dropped
             queue.by_length = kept
             if request.remaining == 0:
                 del self._requests[request_id]
-                return True
-            return False
+                return dropped, True
+            return dropped, False
 
     def close(self) -> None:
         with self._lock:

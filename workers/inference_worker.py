@@ -117,5 +117,7 @@ def _receive_loop(context: zmq.Context, args: protocol.WorkerArgs, inbox: zmq.So
             ids = np.frombuffer(message.ids, dtype="<i4")
             scheduler.submit(message.request_id, message.model, ids, message.lengths, message.slots)
         elif isinstance(message, protocol.Cancel):
-            if scheduler.cancel(message.request_id):
+            dropped, finished = scheduler.cancel(message.request_id)
+            log.info("request %d: client gone, %d waiting inputs dropped", message.request_id, dropped)
+            if finished:
                 acks.send(protocol.encode(protocol.Done(message.request_id, cancelled=True)))
