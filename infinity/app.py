@@ -14,6 +14,7 @@ import logging
 import os
 import signal
 import time
+import uuid
 from collections.abc import Awaitable, Callable
 
 import msgspec
@@ -22,11 +23,15 @@ from aiohttp import web
 
 from infinity.config import Config
 from infinity.errors import APIError, error_response
-from infinity.pipeline import EmbeddingResult, Pipeline, ServedModel, StartupError
+from infinity.pipeline import Result, Pipeline, ServedModel, StartupError
 from infinity.protocol import ModelSpec
-from infinity.schemas import EmbeddingRequest, decode_body, embedding_inputs
+from infinity.schemas import (ClassifyRequest, EmbeddingRequest, RerankRequest, decode_body, rerank_inputs,
+                              text_or_token_inputs)
 
 log = logging.getLogger(__name__)
+
+# The route that serves each model kind.
+ROUTES = {"embed": "/v1/embeddings", "rerank": "/v1/rerank", "classify": "/v1/classify"}
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 PIPELINE = web.AppKey("pipeline", Pipeline)
@@ -47,8 +52,11 @@ def create_app(config: Config, specs: list[ModelSpec]) -> web.Application:
     for version in ("/v1", ""):
         base = server.url_prefix + version
         app.router.add_post(f"{base}/embeddings", embeddings)
+        app.router.add_post(f"{base}/rerank", rerank)
+        app.router.add_post(f"{base}/classify", classify)
         app.router.add_get(f"{base}/models", models)
         app.router.add_get(f"{base}/health", health)
+    app.router.add_post(f"{server.url_prefix}/v2/rerank", rerank)  # Cohere's v2 client
     app.on_startup.append(_start_pipeline)
     app.on_cleanup.append(_stop_pipeline)
     return app
@@ -141,7 +149,7 @@ async def models(request: web.Request) -> web.Response:
             "owned_by": "infinity",
             "created": int(time.time()),
             "kind": model.spec.kind,
-            "capabilities": ["embed"],
+            "capabilities": [model.spec.kind],
             "ready": model.ready,
             "dimensions": info.dim if info else None,
             "max_length": model.spec.max_length,
@@ -153,36 +161,113 @@ async def models(request: web.Request) -> web.Response:
 async def embeddings(request: web.Request) -> web.Response:
     pipeline = request.app[PIPELINE]
     body = decode_body(await request.read(), EmbeddingRequest)
-    model = _served_model(pipeline, body.model)
-    server = request.app[CONFIG].server
-    # A request larger than the model's whole queue could never be admitted: refuse it as input.
-    inputs = embedding_inputs(body.input, min(server.max_items_per_request, server.max_queued_items))
+    model = _served_model(pipeline, body.model, "embed")
+    inputs = text_or_token_inputs(body.input, _max_items(request))
     dim = model.info.dim if model.info else None
     if body.dimensions is not None and dim is not None and not 0 < body.dimensions <= dim:
         raise APIError(422, f"dimensions must be between 1 and {dim} for model '{model.spec.name}'",
                        param="dimensions")
-    result = await pipeline.embed(model, inputs)
+    result = await pipeline.run(model, inputs)
     try:
         payload = _embedding_response(result, body.encoding_format, body.dimensions)
     finally:
         result.release()
+    return _json(payload)
+
+
+async def rerank(request: web.Request) -> web.Response:
+    pipeline = request.app[PIPELINE]
+    body = decode_body(await request.read(), RerankRequest)
+    model = _served_model(pipeline, body.model, "rerank")
+    inputs = rerank_inputs(body, _max_items(request))
+    result = await pipeline.run(model, inputs)
+    try:
+        scores = np.array([row[0] for row in result.rows()], dtype=np.float32)
+    finally:
+        result.release()
+    if not body.raw_scores:
+        scores = _activate(scores, result.activation)
+    order = np.argsort(-scores, kind="stable")[:body.top_n or None]
+    documents = inputs.texts or []
+    results = [{"index": int(i), "relevance_score": float(scores[i]),
+                **({"document": {"text": documents[i]}} if body.return_documents else {})} for i in order]
+    return _json(msgspec.json.encode({
+        "id": uuid.uuid4().hex,
+        "results": results,
+        "model": model.spec.name,
+        "usage": {"prompt_tokens": result.prompt_tokens, "total_tokens": result.prompt_tokens},
+        "meta": {"api_version": {"version": "2"}, "billed_units": {"search_units": 1},
+                 "tokens": {"input_tokens": result.prompt_tokens}},
+    }))
+
+
+async def classify(request: web.Request) -> web.Response:
+    pipeline = request.app[PIPELINE]
+    body = decode_body(await request.read(), ClassifyRequest)
+    model = _served_model(pipeline, body.model, "classify")
+    inputs = text_or_token_inputs(body.input, _max_items(request))
+    result = await pipeline.run(model, inputs)
+    try:
+        logits = np.stack(list(result.rows()))
+    finally:
+        result.release()
+    scores = logits if body.raw_scores else _activate(logits, result.activation)
+    labels = result.labels
+    data = [[{"label": labels[j], "score": float(row[j])} for j in np.argsort(-row, kind="stable")]
+            for row in scores]
+    return _json(msgspec.json.encode({
+        "id": uuid.uuid4().hex,
+        "object": "list",
+        "data": data,
+        "model": model.spec.name,
+        "usage": {"prompt_tokens": result.prompt_tokens, "total_tokens": result.prompt_tokens},
+    }))
+
+
+def _json(payload: bytes) -> web.Response:
     return web.Response(body=payload, content_type="application/json")
 
 
-def _served_model(pipeline: Pipeline, name: str | None) -> ServedModel:
+def _max_items(request: web.Request) -> int:
+    """Items one request may carry: never more than a model's whole queue, since such a
+    request could never be admitted."""
+    server = request.app[CONFIG].server
+    return min(server.max_items_per_request, server.max_queued_items)
+
+
+def _activate(scores: np.ndarray, activation: str) -> np.ndarray:
+    """Raw head outputs -> relevance (sigmoid) or label probabilities (softmax on the last axis)."""
+    scores = scores.astype(np.float64)
+    if activation == "sigmoid":
+        return 1.0 / (1.0 + np.exp(-scores))
+    if activation == "softmax":
+        exp = np.exp(scores - scores.max(axis=-1, keepdims=True))
+        return exp / exp.sum(axis=-1, keepdims=True)
+    return scores
+
+
+def _served_model(pipeline: Pipeline, name: str | None, kind: str) -> ServedModel:
+    """The model a request names, which must be of `kind`; without a name, the only
+    model of that kind."""
     if name is None:
-        if len(pipeline.models) == 1:
-            return next(iter(pipeline.models.values()))
-        raise APIError(422, "model is required: this server serves several models", param="model")
+        of_kind = [m for m in pipeline.models.values() if m.spec.kind == kind]
+        if len(of_kind) == 1:
+            return of_kind[0]
+        raise APIError(422, f"model is required: this server serves {len(of_kind)} models of kind '{kind}'",
+                       param="model")
     model = pipeline.models.get(name)
     if model is None:
         served = ", ".join(pipeline.models)
         raise APIError(404, f"model '{name}' is not served here; served models: {served}",
                        param="model", code="model_not_found")
+    if model.spec.kind != kind:
+        raise APIError(400, f"model '{name}' is of kind '{model.spec.kind}'; it serves "
+                            f"POST {ROUTES[model.spec.kind]}, not the {kind} route", param="model",
+                       code="wrong_model_kind")
     return model
 
 
-def _embedding_response(result: EmbeddingResult, encoding_format: str, dimensions: int | None) -> bytes:
+def _embedding_response(result: Result, encoding_format: str, dimensions: int | None) -> bytes:
     data = []
     for index, row in enumerate(result.rows()):
         if dimensions is not None and dimensions < len(row):

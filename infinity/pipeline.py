@@ -24,7 +24,7 @@ from infinity import protocol, shm
 from infinity.config import ServerConfig
 from infinity.errors import APIError
 from infinity.protocol import ModelSpec
-from infinity.schemas import EmbeddingInputs
+from infinity.schemas import ModelInputs
 from infinity.supervisor import Child, plan_cpus, run_dir_prefix, usable_cpus
 from workers import inference_worker, tokenizer_worker
 
@@ -63,7 +63,7 @@ class _Pending:
     request_id: int
     model: ServedModel
     slots: list[int]
-    future: asyncio.Future[EmbeddingResult]
+    future: asyncio.Future[Result]
     holder: Child
     prompt_tokens: int = 0
     truncated: int = 0
@@ -71,8 +71,9 @@ class _Pending:
 
 
 @dataclass
-class EmbeddingResult:
-    """Vectors of one request, still in the arena: read them, then `release`."""
+class Result:
+    """Outputs of one request (vectors or scores), still in the arena: read them, then
+    `release`."""
 
     model: ServedModel
     arena: shm.Arena
@@ -80,6 +81,16 @@ class EmbeddingResult:
     prompt_tokens: int
     truncated: int
     _released: bool = field(default=False, repr=False)
+
+    @property
+    def activation(self) -> str:
+        assert self.model.info is not None
+        return self.model.info.activation
+
+    @property
+    def labels(self) -> list[str]:
+        assert self.model.info is not None
+        return self.model.info.labels
 
     def rows(self) -> Iterator[np.ndarray]:
         """Each input's vector, in input order, as a view into shared memory."""
@@ -157,7 +168,7 @@ class Pipeline:
             child.start(self._context, self._child_exited)
         await self._started
 
-    async def embed(self, model: ServedModel, inputs: EmbeddingInputs) -> EmbeddingResult:
+    async def run(self, model: ServedModel, inputs: ModelInputs) -> Result:
         """Run one request through the pipeline; the caller must `release` the result."""
         if self._stopping:
             raise APIError(503, "the server is shutting down", code="shutting_down")
@@ -171,7 +182,8 @@ class Pipeline:
                                 "queued, its limit; retry later", code="overloaded", headers={"Retry-After": "1"})
         self._next_id += 1
         try:
-            tokenizer.send(protocol.Tokenize(self._next_id, model.spec.name, inputs.texts, inputs.token_ids))
+            tokenizer.send(protocol.Tokenize(self._next_id, model.spec.name, inputs.texts, inputs.token_ids,
+                                             inputs.query))
         except Exception:
             model.pool.give_back(slots)
             raise
@@ -246,7 +258,7 @@ class Pipeline:
         pending.truncated = message.truncated
         pending.holder = model.child
         model.child.send(protocol.Infer(message.request_id, model.spec.name, message.ids,
-                                        message.lengths, pending.slots))
+                                        message.lengths, pending.slots, message.type_ids))
 
     def _on_done(self, message: protocol.Done) -> None:
         pending = self._pending.pop(message.request_id, None)
@@ -256,7 +268,7 @@ class Pipeline:
             pending.model.pool.give_back(pending.slots)
             return
         assert pending.model.arena is not None
-        pending.future.set_result(EmbeddingResult(pending.model, pending.model.arena, pending.slots,
+        pending.future.set_result(Result(pending.model, pending.model.arena, pending.slots,
                                                   pending.prompt_tokens, pending.truncated))
 
     def _on_failed(self, message: protocol.Failed) -> None:

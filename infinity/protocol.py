@@ -23,7 +23,7 @@ class ModelSpec(msgspec.Struct, frozen=True):
     """A model as the children load it: resolved folder and settled options."""
 
     name: str
-    kind: str
+    kind: str  # "embed", "rerank" or "classify"
     path: str  # folder with config.json, weights and the tokenizer
     device: str
     engine: str
@@ -56,20 +56,25 @@ class ModelInfo(msgspec.Struct, frozen=True, array_like=True):
 
     name: str
     kind: str
-    dim: int
+    dim: int  # floats per input: embedding size, 1 for a reranker, labels of a classifier
     max_length: int
+    labels: list[str]  # a classifier's labels, by output index
+    # "sigmoid", "softmax" or "none": what turns raw scores into relevance / probabilities
+    activation: str
     # Shared-memory segment holding `slots` result vectors of `dim` float32 each.
     arena: str
     slots: int
 
 
 class Tokenize(msgspec.Struct, tag=True, array_like=True):
-    """Tokenize `texts` (or check and truncate `token_ids`) for `model`."""
+    """Tokenize `texts` (or check and truncate `token_ids`) for `model`; with `query`, each
+    text is paired with it (query first; only the text side is truncated)."""
 
     request_id: int
     model: str
     texts: list[str] | None = None
     token_ids: list[list[int]] | None = None
+    query: str | None = None
 
 
 class Tokenized(msgspec.Struct, tag=True, array_like=True):
@@ -80,16 +85,20 @@ class Tokenized(msgspec.Struct, tag=True, array_like=True):
     lengths: list[int]
     # How many inputs were cut to the model's maximum length.
     truncated: int
+    # Segment of each token (int8), for query-document pairs; None: all zero.
+    type_ids: bytes | None = None
 
 
 class Infer(msgspec.Struct, tag=True, array_like=True):
-    """Embed the inputs of a request; input i goes to arena slot `slots[i]`."""
+    """Run the model on the inputs of a request; the output of input i goes to arena slot
+    `slots[i]`."""
 
     request_id: int
     model: str
     ids: bytes
     lengths: list[int]
     slots: list[int]
+    type_ids: bytes | None = None
 
 
 class Cancel(msgspec.Struct, tag=True, array_like=True):

@@ -18,11 +18,30 @@ class EmbeddingRequest(msgspec.Struct):
     user: str | None = None
 
 
-class EmbeddingInputs(msgspec.Struct, frozen=True):
-    """Either texts or token-id sequences, never both."""
+class RerankRequest(msgspec.Struct):
+    """Cohere v1/v2 and Jina rerank bodies (their other fields are accepted and ignored)."""
+
+    query: Any
+    documents: Any
+    model: str | None = None
+    top_n: int | None = None
+    return_documents: bool = False
+    raw_scores: bool = False
+
+
+class ClassifyRequest(msgspec.Struct):
+    input: Any
+    model: str | None = None
+    raw_scores: bool = False
+
+
+class ModelInputs(msgspec.Struct, frozen=True):
+    """Either texts or token-id sequences, never both; with `query`, the texts are the
+    documents each paired with it."""
 
     texts: list[str] | None = None
     token_ids: list[list[int]] | None = None
+    query: str | None = None
 
     def __len__(self) -> int:
         return len(self.texts if self.texts is not None else self.token_ids)  # type: ignore[arg-type]
@@ -54,12 +73,12 @@ _SHAPE = ("input must be a non-empty string, a list of non-empty strings, a list
           "or a list of lists of token ids")
 
 
-def embedding_inputs(value: Any, max_items: int) -> EmbeddingInputs:
-    """Check `input` of an embeddings request and sort it into texts or token ids."""
+def text_or_token_inputs(value: Any, max_items: int) -> ModelInputs:
+    """Check `input` of an embeddings or classify request and sort it into texts or token ids."""
     if isinstance(value, str):
         if not value:
             raise APIError(422, "input must not be an empty string", param="input")
-        return EmbeddingInputs(texts=[value])
+        return ModelInputs(texts=[value])
     if not isinstance(value, list) or not value:
         raise APIError(422, _SHAPE, param="input")
     if len(value) > max_items:
@@ -69,11 +88,11 @@ def embedding_inputs(value: Any, max_items: int) -> EmbeddingInputs:
         empty = next((i for i, v in enumerate(value) if not v), None)
         if empty is not None:
             raise APIError(422, f"input[{empty}] is an empty string", param="input")
-        return EmbeddingInputs(texts=value)
+        return ModelInputs(texts=value)
     if all(_is_token(v) for v in value):
-        return EmbeddingInputs(token_ids=_in_range([value]))
+        return ModelInputs(token_ids=_in_range([value]))
     if all(isinstance(v, list) and v and all(_is_token(t) for t in v) for v in value):
-        return EmbeddingInputs(token_ids=_in_range(value))
+        return ModelInputs(token_ids=_in_range(value))
     raise APIError(422, _SHAPE, param="input")
 
 
@@ -92,3 +111,27 @@ _MAX_TOKEN_ID = 2**31 - 1  # token ids travel as int32
 
 def _is_token(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def rerank_inputs(body: RerankRequest, max_items: int) -> ModelInputs:
+    """Check a rerank request: a non-empty query, documents as strings or {"text": ...}."""
+    if not isinstance(body.query, str) or not body.query:
+        raise APIError(422, "query must be a non-empty string", param="query")
+    documents = body.documents
+    if not isinstance(documents, list) or not documents:
+        raise APIError(422, "documents must be a non-empty list of strings or of objects with 'text'",
+                       param="documents")
+    if len(documents) > max_items:
+        raise APIError(422, f"documents has {len(documents)} items, more than the limit of {max_items} "
+                            "per request; split it into several requests", param="documents")
+    texts = []
+    for i, document in enumerate(documents):
+        if isinstance(document, dict):
+            document = document.get("text")
+        if not isinstance(document, str):
+            raise APIError(422, f"documents[{i}] must be a string or an object with a string 'text'",
+                           param="documents")
+        texts.append(document)
+    if body.top_n is not None and body.top_n < 0:
+        raise APIError(422, "top_n must be 0 (all documents) or more", param="top_n")
+    return ModelInputs(texts=texts, query=body.query)

@@ -5,17 +5,19 @@ import pytest
 
 from infinity import protocol, shm
 from infinity.errors import APIError
-from infinity.schemas import EmbeddingRequest, decode_body, embedding_inputs
+from infinity.schemas import EmbeddingRequest, decode_body, text_or_token_inputs
 
 MESSAGES = [
     protocol.Tokenize(1, "m", texts=["a", "b"]),
     protocol.Tokenize(2, "m", token_ids=[[1, 2], [3]]),
+    protocol.Tokenize(8, "m", texts=["doc"], query="q"),
+    protocol.Tokenized(9, b"\x01\x00\x00\x00", [1], 0, type_ids=b"\x01"),
     protocol.Tokenized(3, np.arange(5, dtype="<i4").tobytes(), [2, 3], 1),
     protocol.Infer(4, "m", b"\x01\x00\x00\x00", [1], [7]),
     protocol.Cancel(5),
     protocol.Done(6, cancelled=True),
     protocol.Failed(7, 422, "too long", param="input"),
-    protocol.Ready("inference-cpu", 123, [protocol.ModelInfo("m", "embed", 384, 256, "arena", 10)]),
+    protocol.Ready("inference-cpu", 123, [protocol.ModelInfo("m", "embed", 384, 256, [], "none", "arena", 10)]),
     protocol.StartupFailed("tokenizer-0", "boom"),
 ]
 
@@ -36,16 +38,16 @@ def test_decode_rejects_garbage():
     ([1, 2, 3], None, [[1, 2, 3]]),
     ([[1, 2], [3]], None, [[1, 2], [3]]),
 ])
-def test_embedding_inputs_shapes(value, texts, token_ids):
-    inputs = embedding_inputs(value, max_items=10)
+def test_text_or_token_inputs_shapes(value, texts, token_ids):
+    inputs = text_or_token_inputs(value, max_items=10)
     assert (inputs.texts, inputs.token_ids) == (texts, token_ids)
 
 
 @pytest.mark.parametrize("value", ["", [], ["a", ""], [1, "a"], [[1], []], [True], [1.5], {"a": 1}, 5, None,
                                    [[1, "x"]], ["a"] * 11])
-def test_embedding_inputs_rejects(value):
+def test_text_or_token_inputs_rejects(value):
     with pytest.raises(APIError) as error:
-        embedding_inputs(value, max_items=10)
+        text_or_token_inputs(value, max_items=10)
     assert error.value.status == 422
     assert error.value.param == "input"
 

@@ -39,6 +39,7 @@ class Item:
     request: PendingRequest
     slot: int
     ids: np.ndarray
+    type_ids: np.ndarray | None  # token segments of a query-document pair
     seq: int  # arrival order, for fairness
 
     @property
@@ -52,6 +53,7 @@ class Batch:
     items: list[Item]
     input_ids: np.ndarray  # (n, longest) int64, right-padded with `pad_id`
     attention_mask: np.ndarray  # (n, longest) int64
+    token_type_ids: np.ndarray  # (n, longest) int64, zero but for the second text of a pair
 
 
 @dataclass
@@ -80,15 +82,16 @@ class Scheduler:
         self._queues[name] = _ModelQueue(max_batch_tokens, max_batch_size, pad_id, pass_overhead_tokens)
 
     def submit(self, request_id: int, model: str, ids: np.ndarray, lengths: list[int],
-               slots: list[int]) -> None:
-        """Queue a request's inputs."""
+               slots: list[int], type_ids: np.ndarray | None = None) -> None:
+        """Queue a request's inputs (`ids` and `type_ids` concatenated, split by `lengths`)."""
         offsets = np.cumsum([0, *lengths])
         with self._lock:
             request = PendingRequest(request_id, model, len(lengths))
             self._requests[request_id] = request
             queue = self._queues[model]
             for i, slot in enumerate(slots):
-                item = Item(request, slot, ids[offsets[i]:offsets[i + 1]], next(self._seq))
+                part = slice(offsets[i], offsets[i + 1])
+                item = Item(request, slot, ids[part], None if type_ids is None else type_ids[part], next(self._seq))
                 bisect.insort(queue.by_length, (item.length, item.seq, item), key=_sort_key)
             self._wakeup.notify()
 
@@ -225,7 +228,10 @@ def _pad(model: str, items: list[Item], pad_id: int) -> Batch:
     longest = max(item.length for item in items)
     input_ids = np.full((len(items), longest), pad_id, dtype=np.int64)
     attention_mask = np.zeros((len(items), longest), dtype=np.int64)
+    token_type_ids = np.zeros((len(items), longest), dtype=np.int64)
     for row, item in enumerate(items):
         input_ids[row, :item.length] = item.ids
         attention_mask[row, :item.length] = 1
-    return Batch(model, items, input_ids, attention_mask)
+        if item.type_ids is not None:
+            token_type_ids[row, :item.length] = item.type_ids
+    return Batch(model, items, input_ids, attention_mask, token_type_ids)

@@ -46,6 +46,7 @@ def main(args: protocol.WorkerArgs) -> None:
         threading.Thread(target=_receive, args=(context, args, inbox, scheduler), daemon=True,
                          name="receiver").start()
         infos = [protocol.ModelInfo(spec.name, spec.kind, engines[spec.name].dim, spec.max_length,
+                                    engines[spec.name].labels, engines[spec.name].activation,
                                     arenas[spec.name].name, args.arena_slots) for spec in args.models]
         to_front.send(protocol.encode(protocol.Ready(args.name, os.getpid(), infos)))
         while (batch := scheduler.next_batch()) is not None:
@@ -65,11 +66,11 @@ def _warm_up(engine: Engine, max_length: int) -> float:
     def seconds(rows: int, length: int) -> float:
         ids = np.full((rows, length), engine.pad_id + 1, dtype=np.int64)
         mask = np.ones_like(ids)
-        engine.embed(ids, mask)
+        engine.forward(ids, mask, np.zeros_like(ids))
         times = []
         for _ in range(5):
             start = time.perf_counter()
-            engine.embed(ids, mask)
+            engine.forward(ids, mask, np.zeros_like(ids))
             times.append(time.perf_counter() - start)
         return min(times)  # the least disturbed run: other processes may be busy at start
 
@@ -86,7 +87,7 @@ def _warm_up(engine: Engine, max_length: int) -> float:
 
 def _run(batch: Batch, engine: Engine, arena: Arena, scheduler: Scheduler, to_front: zmq.Socket) -> None:
     try:
-        vectors = engine.embed(batch.input_ids, batch.attention_mask)
+        vectors = engine.forward(batch.input_ids, batch.attention_mask, batch.token_type_ids)
     except Exception as exc:
         log.exception("forward pass failed for a batch of %d", len(batch.items))
         for request_id in scheduler.abandon(batch.items):
@@ -115,7 +116,8 @@ def _receive_loop(context: zmq.Context, args: protocol.WorkerArgs, inbox: zmq.So
         message = protocol.decode(inbox.recv())
         if isinstance(message, protocol.Infer):
             ids = np.frombuffer(message.ids, dtype="<i4")
-            scheduler.submit(message.request_id, message.model, ids, message.lengths, message.slots)
+            type_ids = None if message.type_ids is None else np.frombuffer(message.type_ids, dtype=np.int8)
+            scheduler.submit(message.request_id, message.model, ids, message.lengths, message.slots, type_ids)
         elif isinstance(message, protocol.Cancel):
             dropped, finished = scheduler.cancel(message.request_id)
             log.info("request %d: client gone, %d waiting inputs dropped", message.request_id, dropped)

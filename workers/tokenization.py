@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 import numpy as np
-from tokenizers import Tokenizer
+from tokenizers import Encoding, Tokenizer
 
 from infinity import protocol
 from workers.models import ModelSpec
@@ -34,6 +34,17 @@ def load_tokenizer(spec: ModelSpec) -> Tokenizer:
     return tokenizer
 
 
+def _feeds_token_types(spec: ModelSpec) -> bool:
+    """Whether the model's transformers tokenizer hands segment ids to the model (BERT's
+    does; a generic fast tokenizer does not), so pairs are encoded as its authors trained."""
+    try:
+        from transformers import AutoTokenizer
+
+        return "token_type_ids" in AutoTokenizer.from_pretrained(spec.path).model_input_names
+    except Exception:  # no transformers tokenizer files: the tokenizer.json's segments stand
+        return True
+
+
 class ModelTokenizer:
     """Tokenizes the inputs of one model."""
 
@@ -42,29 +53,50 @@ class ModelTokenizer:
         self._tokenizer = load_tokenizer(spec)
         config = json.loads((Path(spec.path) / "config.json").read_text())
         self._vocab_size = int(config["vocab_size"])
+        # Pairs keep the query whole and cut the document, unless the query alone is too
+        # long; then both sides are cut (longest first), as for single texts.
+        self._pair_tokenizer = Tokenizer.from_str(self._tokenizer.to_str())
+        self._pair_segments = spec.kind == "rerank" and _feeds_token_types(spec)
         if spec.truncate:
             self._tokenizer.enable_truncation(spec.max_length)
+            self._pair_tokenizer.enable_truncation(spec.max_length, strategy="only_second")
 
     def tokenize(self, request: protocol.Tokenize) -> protocol.Tokenized:
-        if request.texts is not None:
-            sequences, truncated = self._encode_texts(request.texts)
+        type_ids = None
+        if request.query is not None:
+            encodings = self._encode_pairs(request.query, request.texts or [])
+            sequences = [e.ids for e in encodings]
+            if self._pair_segments:
+                type_ids = np.fromiter((t for e in encodings for t in e.type_ids), dtype=np.int8).tobytes()
+            truncated = self._count_truncated(encodings)
+        elif request.texts is not None:
+            encodings = self._tokenizer.encode_batch(self._cased(request.texts))
+            sequences = [e.ids for e in encodings]
+            truncated = self._count_truncated(encodings)
         else:
             sequences, truncated = self._check_token_ids(request.token_ids or [])
         lengths = [len(s) for s in sequences]
         ids = np.fromiter((t for s in sequences for t in s), dtype="<i4", count=sum(lengths))
-        return protocol.Tokenized(request.request_id, ids.tobytes(), lengths, truncated)
+        return protocol.Tokenized(request.request_id, ids.tobytes(), lengths, truncated, type_ids)
 
-    def _encode_texts(self, texts: list[str]) -> tuple[list[list[int]], int]:
-        if self._spec.lowercase:
-            texts = [t.lower() for t in texts]
-        encodings = self._tokenizer.encode_batch(texts)
-        sequences = [e.ids for e in encodings]
+    def _cased(self, texts: list[str]) -> list[str]:
+        return [t.lower() for t in texts] if self._spec.lowercase else texts
+
+    def _encode_pairs(self, query: str, documents: list[str]) -> list[Encoding]:
+        pairs = list(zip(self._cased([query]) * len(documents), self._cased(documents)))
+        try:
+            return self._pair_tokenizer.encode_batch(pairs)
+        except Exception:  # the query alone does not fit: cut both sides
+            return self._tokenizer.encode_batch(pairs)
+
+    def _count_truncated(self, encodings: list[Encoding]) -> int:
+        """Inputs cut to max_length; with truncation off, an input too long is an error."""
         if self._spec.truncate:
-            return sequences, sum(1 for e in encodings if e.overflowing)
-        for i, ids in enumerate(sequences):
-            if len(ids) > self._spec.max_length:
-                self._too_long(i, len(ids))
-        return sequences, 0
+            return sum(1 for e in encodings if e.overflowing)
+        for i, encoding in enumerate(encodings):
+            if len(encoding.ids) > self._spec.max_length:
+                self._too_long(i, len(encoding.ids))
+        return 0
 
     def _check_token_ids(self, sequences: list[list[int]]) -> tuple[list[list[int]], int]:
         truncated = 0

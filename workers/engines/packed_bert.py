@@ -43,8 +43,9 @@ class PackedBert:
         self._layers = [_Layer(layer) for layer in model.encoder.layer]
         self._heads = model.config.num_attention_heads
 
-    def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        """(n, L) ids and mask -> (n, L, hidden) token embeddings, zero at padding."""
+    def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                 token_type_ids: torch.Tensor) -> torch.Tensor:
+        """(n, L) ids, mask and segments -> (n, L, hidden) token embeddings, zero at padding."""
         n, length = input_ids.shape
         keep = attention_mask.bool()
         tokens = keep.view(-1).nonzero().squeeze(1)  # flat indices of real tokens
@@ -52,7 +53,7 @@ class PackedBert:
         embeddings = self._embeddings
         x = (embeddings.word_embeddings(input_ids.view(-1)[tokens])
              + embeddings.position_embeddings(positions)
-             + embeddings.token_type_embeddings.weight[0])
+             + embeddings.token_type_embeddings(token_type_ids.view(-1)[tokens]))
         x = embeddings.LayerNorm(x)
         key_mask = keep[:, None, None, :]
         hidden = x.shape[-1]
