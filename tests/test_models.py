@@ -68,3 +68,21 @@ def test_served_plain_folder_matches_transformers(tmp_path, start_server):
     reference = _reference(folder, texts, "mean")
     cosine = (got * reference).sum(1) / np.linalg.norm(got, axis=1)
     assert (cosine > 0.99999).all()
+
+
+def test_kind_is_detected_from_the_head_and_can_be_overridden(tmp_path):
+    from sentence_transformers import CrossEncoder
+
+    from tests.tiny_models import save_tiny_classifier, save_tiny_cross_encoder
+
+    reranker = save_tiny_cross_encoder(tmp_path / "reranker")
+    classifier = save_tiny_classifier(tmp_path / "classifier")
+    assert resolve_model(ModelConfig(name="r", source=str(reranker))).kind == "rerank"
+    assert resolve_model(ModelConfig(name="c", source=str(classifier))).kind == "classify"
+    assert resolve_model(ModelConfig(name="e", source=str(save_tiny_bert(tmp_path / "e")))).kind == "embed"
+    assert resolve_model(ModelConfig(name="d")).kind == "embed"  # sentence-transformers embedder
+    assert resolve_model(ModelConfig(name="r", source=str(reranker), kind="classify")).kind == "classify"
+    # sentence-transformers 6 saves a CrossEncoder with a modules.json: still a reranker.
+    CrossEncoder(str(reranker)).save(str(tmp_path / "st-cross-encoder"))
+    assert (tmp_path / "st-cross-encoder" / "modules.json").is_file()
+    assert resolve_model(ModelConfig(name="s", source=str(tmp_path / "st-cross-encoder"))).kind == "rerank"

@@ -1,5 +1,6 @@
 """Tiny random-weight models built at test time (no hub): a WordPiece tokenizer trained on
-the fly and a small BERT encoder saved in transformers layout."""
+the fly, a small BERT encoder, and BERT sequence classifiers (a one-label cross-encoder
+and a three-label text classifier), saved in transformers layout."""
 
 from __future__ import annotations
 
@@ -41,3 +42,112 @@ def save_tiny_bert(folder: Path, seed: int = 0, max_positions: int = 64) -> Path
     torch.manual_seed(seed)
     BertModel(config).eval().save_pretrained(folder)
     return folder
+
+
+# --- sequence-classification heads: a cross-encoder (one label) and a classifier ------------
+
+CLASSIFIER_LABELS = ("negative", "neutral", "positive")
+
+
+def save_hf_tokenizer(tokenizer: Tokenizer, folder: Path, model_max_length: int) -> None:
+    """Save `tokenizer` as transformers does (tokenizer.json, tokenizer_config.json), so that
+    AutoTokenizer, sentence-transformers' CrossEncoder and pipelines load it; BERT-style, it
+    returns token_type_ids (the second text of a pair is segment 1)."""
+    from transformers import PreTrainedTokenizerFast
+
+    PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, unk_token="[UNK]", pad_token="[PAD]", cls_token="[CLS]",
+        sep_token="[SEP]", mask_token="[MASK]", model_max_length=model_max_length,
+        model_input_names=["input_ids", "token_type_ids", "attention_mask"],
+    ).save_pretrained(folder)
+
+
+def save_tiny_sequence_classifier(folder: Path, labels: tuple[str, ...] | None, *, num_labels: int = 1,
+                                  seed: int = 0, model_max_length: int = 512, max_positions: int = 512,
+                                  init_range: float = 0.4) -> Path:
+    """A 2-layer BERT (hidden size 32) with a sequence-classification head, random weights
+    from `seed`, and a freshly trained WordPiece tokenizer, in plain transformers layout
+    (config.json with `BertForSequenceClassification`, model.safetensors, tokenizer.json,
+    tokenizer_config.json; no modules.json).
+
+    `init_range` is far above BERT's 0.02 so that random logits spread over a few units
+    rather than all sitting near 0. The tokenizer is trained anew on each call and its
+    training is not deterministic: compare against the saved files, never a fresh one."""
+    from transformers import BertConfig, BertForSequenceClassification
+
+    folder.mkdir(parents=True, exist_ok=True)
+    tokenizer = train_tokenizer()
+    save_hf_tokenizer(tokenizer, folder, model_max_length)
+    extra = {}
+    if labels is not None:
+        num_labels = len(labels)
+        extra = {"id2label": dict(enumerate(labels)), "label2id": {label: i for i, label in enumerate(labels)}}
+    config = BertConfig(vocab_size=tokenizer.get_vocab_size(), hidden_size=32, num_hidden_layers=2,
+                        num_attention_heads=2, intermediate_size=64, max_position_embeddings=max_positions,
+                        type_vocab_size=2, pad_token_id=0, num_labels=num_labels,
+                        initializer_range=init_range, **extra)
+    torch.manual_seed(seed)
+    BertForSequenceClassification(config).eval().save_pretrained(folder)
+    return folder
+
+
+def save_tiny_cross_encoder(folder: Path, seed: int = 0, model_max_length: int = 512) -> Path:
+    """A one-label BERT cross-encoder (a reranker): what sentence-transformers'
+    `CrossEncoder(folder)` loads, scoring with a sigmoid of the logit."""
+    return save_tiny_sequence_classifier(folder, None, num_labels=1, seed=seed,
+                                         model_max_length=model_max_length)
+
+
+def save_tiny_classifier(folder: Path, seed: int = 1, labels: tuple[str, ...] = CLASSIFIER_LABELS,
+                         model_max_length: int = 64) -> Path:
+    """A BERT text classifier with `labels` (id2label in config.json), single-label
+    multi-class: transformers' text-classification pipeline applies a softmax."""
+    return save_tiny_sequence_classifier(folder, labels, seed=seed, model_max_length=model_max_length)
+
+
+# --- one server for the scoring tests: the default embedder, a reranker, a classifier -------
+
+RERANKER_NAME = "tiny-reranker"
+CLASSIFIER_NAME = "tiny-classifier"
+# The one-label cross-encoder again, served with kind = "classify" (overriding detection).
+FORCED_CLASSIFIER_NAME = "tiny-reranker-as-classifier"
+# The reranker's tokenizer says 512; models.toml cuts it to this. The classifier's
+# tokenizer_config.json says this, and models.toml says nothing.
+SCORING_MAX_LENGTH = 64
+# Words the tiny tokenizer was trained on, and some it was not (word pieces, [UNK]).
+SCORING_WORDS = tuple(WORDS) + ("Zürich", "café", "東京", "🙂", "don't", "3.14", "e-mail", "ranking",
+                         "embedding", "search", "?", "!", "CamelCase")
+
+
+def scoring_models_config(root: Path, embedder_name: str) -> str:
+    """Build the tiny reranker and classifier under `root` and return a models.toml that
+    serves them with the packaged default embedder (auto-detected kinds) and the reranker
+    once more as a forced one-label classifier."""
+    reranker = save_tiny_cross_encoder(root / "reranker")
+    classifier = save_tiny_classifier(root / "classifier", model_max_length=SCORING_MAX_LENGTH)
+    return f"""
+[[models]]
+name = "{embedder_name}"
+source = "default"
+
+[[models]]
+name = "{RERANKER_NAME}"
+source = "{reranker}"
+max_length = {SCORING_MAX_LENGTH}
+
+[[models]]
+name = "{CLASSIFIER_NAME}"
+source = "{classifier}"
+
+[[models]]
+name = "{FORCED_CLASSIFIER_NAME}"
+source = "{reranker}"
+kind = "classify"
+max_length = {SCORING_MAX_LENGTH}
+"""
+
+
+def scoring_text(rng, words: int) -> str:
+    """`words` words drawn by `rng` (a random.Random) from SCORING_WORDS, some capitalised."""
+    picked = [rng.choice(SCORING_WORDS) for _ in range(words)]
+    return " ".join(w.capitalize() if rng.random() < 0.1 else w for w in picked)

@@ -34,7 +34,7 @@ def resolve_model(model: ModelConfig) -> ModelSpec:
         raise ConfigError(f"model '{model.name}': no config.json in {transformer_dir}")
     pooling = model.pooling or _pooling_from_folder(folder, modules) or "mean"
     normalize = model.normalize if model.normalize is not None else ("Normalize" in modules or not modules)
-    kind = _detect_kind(transformer_dir, modules) if model.kind == "auto" else model.kind
+    kind = _detect_kind(transformer_dir) if model.kind == "auto" else model.kind
     return ModelSpec(
         name=model.name,
         kind=kind,
@@ -52,11 +52,10 @@ def resolve_model(model: ModelConfig) -> ModelSpec:
     )
 
 
-def _detect_kind(transformer_dir: Path, modules: dict[str, str]) -> str:
-    """A sentence-transformers folder embeds; a sequence-classification head with one
-    label reranks, with several it classifies; any other encoder embeds."""
-    if modules:
-        return "embed"
+def _detect_kind(transformer_dir: Path) -> str:
+    """A sequence-classification head with one label reranks, with several it classifies
+    (whether saved by transformers or by sentence-transformers' CrossEncoder); any other
+    encoder embeds."""
     config = json.loads((transformer_dir / "config.json").read_text())
     if any(a.endswith("ForSequenceClassification") for a in config.get("architectures") or []):
         return "rerank" if num_labels(config) == 1 else "classify"
