@@ -104,10 +104,6 @@ class Child:
         self.close_socket()
         on_exit(self)
 
-    @property
-    def alive(self) -> bool:
-        return self.process is not None and self.process.is_alive()
-
     def terminate(self) -> None:
         """Ask the process to stop (SIGTERM); `reap` waits for it."""
         if self.process is None:

@@ -136,16 +136,13 @@ def test_abandon_gives_up_the_whole_request():
     assert [item.request.request_id for item in scheduler.next_batch().items] == [2]
 
 
-def test_next_batch_blocks_until_work_arrives_and_close_releases_it():
+def test_next_batch_blocks_until_work_arrives():
     scheduler = _scheduler()
     got = []
     thread = threading.Thread(target=lambda: got.append(scheduler.next_batch()))
     thread.start()
+    thread.join(0.2)
+    assert thread.is_alive() and not got  # nothing queued yet: still waiting
     _submit(scheduler, 1, [2])
     thread.join(5)
     assert got and got[0].items[0].request.request_id == 1
-    thread = threading.Thread(target=lambda: got.append(scheduler.next_batch()))
-    thread.start()
-    scheduler.close()
-    thread.join(5)
-    assert got[-1] is None

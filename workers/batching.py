@@ -73,7 +73,6 @@ class Scheduler:
         self._seq = itertools.count()
         self._lock = threading.Lock()
         self._wakeup = threading.Condition(self._lock)
-        self._closed = False
 
     def add_model(self, name: str, max_batch_tokens: int, max_batch_size: int, pad_id: int,
                   pass_overhead_tokens: float = 0.0) -> None:
@@ -117,20 +116,10 @@ class Scheduler:
                 return dropped, True
             return dropped, False
 
-    def close(self) -> None:
+    def next_batch(self) -> Batch:
+        """Block until inputs wait, then cut a batch."""
         with self._lock:
-            self._closed = True
-            self._wakeup.notify_all()
-
-    def next_batch(self) -> Batch | None:
-        """Block until inputs wait, then cut a batch; None once closed."""
-        with self._lock:
-            while True:
-                if self._closed:
-                    return None
-                model = self._model_waiting_longest()
-                if model is not None:
-                    break
+            while (model := self._model_waiting_longest()) is None:
                 self._wakeup.wait()
             queue = self._queues[model]
             items = _cut(queue)

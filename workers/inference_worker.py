@@ -49,7 +49,8 @@ def main(args: protocol.WorkerArgs) -> None:
                                     engines[spec.name].labels, engines[spec.name].activation,
                                     arenas[spec.name].name, args.arena_slots) for spec in args.models]
         to_front.send(protocol.encode(protocol.Ready(args.name, os.getpid(), infos)))
-        while (batch := scheduler.next_batch()) is not None:
+        while True:  # until SIGTERM
+            batch = scheduler.next_batch()
             _run(batch, engines[batch.model], arenas[batch.model], scheduler, to_front)
     finally:
         context.destroy(linger=0)
