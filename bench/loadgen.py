@@ -15,6 +15,9 @@ same non-zero dimension.
 
 Only loopback URLs are accepted.
 
+``closed_loop`` is the same loop for any JSON route and request shape
+(``bench.rerank`` drives ``/v1/rerank`` with it).
+
 Usage:
     python -m bench.loadgen --url http://127.0.0.1:7997 --concurrency 16 --batch 1 --json
 """
@@ -26,6 +29,7 @@ import asyncio
 import base64
 import json
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from urllib.parse import urlsplit
 
@@ -117,21 +121,37 @@ class _Corpus:
         return [self._texts[(start + i) % len(self._texts)] for i in range(count)]
 
 
+#: Builds the next request of a closed-loop worker: its JSON body, and a check that
+#: raises ``ValueError`` (or ``KeyError``/``TypeError``) unless the decoded answer is right.
+NextRequest = Callable[[], tuple[dict[str, object], Callable[[object], None]]]
+
+
+@dataclass(frozen=True)
+class Window:
+    """Requests of a closed-loop run that completed inside the measured window."""
+
+    good: int
+    errors: int
+    latencies_ms: np.ndarray  # of the good requests
+    first_error: str | None
+
+    def percentile(self, q: float) -> float:
+        return float(np.percentile(self.latencies_ms, q)) if self.good else float("nan")
+
+    def mean_ms(self) -> float:
+        return float(self.latencies_ms.mean()) if self.good else float("nan")
+
+
 async def _worker(
     session: aiohttp.ClientSession,
-    config: LoadConfig,
-    corpus: _Corpus,
+    endpoint: str,
+    next_request: NextRequest,
     deadline: float,
     records: list[tuple[float, float, bool]],
     errors: list[str],
 ) -> None:
-    endpoint = f"{config.url}/v1/embeddings"
     while time.perf_counter() < deadline:
-        body = {
-            "model": config.model,
-            "input": corpus.take(config.batch),
-            "encoding_format": config.encoding_format,
-        }
+        body, check = next_request()
         start = time.perf_counter()
         ok = False
         try:
@@ -139,7 +159,7 @@ async def _worker(
                 raw = await response.read()
             if response.status != 200:
                 raise ValueError(f"HTTP {response.status}: {raw[:200]!r}")
-            check_response(json.loads(raw), config.batch, config.encoding_format)
+            check(json.loads(raw))
             ok = True
         except (TimeoutError, aiohttp.ClientError, ValueError, KeyError, TypeError) as exc:
             errors.append(f"{type(exc).__name__}: {exc}")
@@ -150,27 +170,65 @@ async def _worker(
             await asyncio.sleep(0.05)
 
 
+async def closed_loop(
+    url: str,
+    route: str,
+    next_request: NextRequest,
+    *,
+    concurrency: int,
+    duration: float,
+    warmup: float,
+    timeout: float,
+) -> Window:
+    """``concurrency`` workers POST ``next_request()`` bodies to ``url + route`` back to
+    back for ``warmup + duration`` seconds; the requests that complete in the last
+    ``duration`` seconds are measured."""
+    endpoint = f"{check_loopback(url)}{route}"
+    records: list[tuple[float, float, bool]] = []
+    errors: list[str] = []
+    connector = aiohttp.TCPConnector(limit=concurrency)
+    client_timeout = aiohttp.ClientTimeout(total=timeout)
+    async with aiohttp.ClientSession(connector=connector, timeout=client_timeout) as session:
+        measure_from = time.perf_counter() + warmup
+        measure_to = measure_from + duration
+        workers = [
+            _worker(session, endpoint, next_request, measure_to, records, errors)
+            for _ in range(concurrency)
+        ]
+        await asyncio.gather(*workers)
+    window = [r for r in records if measure_from <= r[1] <= measure_to]
+    latencies = np.array([(end - start) * 1000.0 for start, end, ok in window if ok])
+    return Window(len(latencies), len(window) - len(latencies), latencies,
+                  errors[0] if errors else None)  # fmt: skip
+
+
 async def run_load(config: LoadConfig) -> LoadResult:
     """Run one bounded load against ``config.url`` and return its measurements."""
     url = check_loopback(config.url)
     config = LoadConfig(**{**asdict(config), "url": url})
     corpus = _Corpus(sentences(config.corpus_size, config.seed))
-    records: list[tuple[float, float, bool]] = []
-    errors: list[str] = []
-    connector = aiohttp.TCPConnector(limit=config.concurrency)
-    timeout = aiohttp.ClientTimeout(total=config.timeout)
-    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
-        measure_from = time.perf_counter() + config.warmup
-        measure_to = measure_from + config.duration
-        workers = [
-            _worker(session, config, corpus, measure_to, records, errors)
-            for _ in range(config.concurrency)
-        ]
-        await asyncio.gather(*workers)
-    window = [r for r in records if measure_from <= r[1] <= measure_to]
-    latencies = np.array([(end - start) * 1000.0 for start, end, ok in window if ok])
-    good = len(latencies)
-    has_latency = good > 0
+
+    def check(payload: object) -> None:
+        check_response(payload, config.batch, config.encoding_format)
+
+    def next_request() -> tuple[dict[str, object], Callable[[object], None]]:
+        body = {
+            "model": config.model,
+            "input": corpus.take(config.batch),
+            "encoding_format": config.encoding_format,
+        }
+        return body, check
+
+    window = await closed_loop(
+        url,
+        "/v1/embeddings",
+        next_request,
+        concurrency=config.concurrency,
+        duration=config.duration,
+        warmup=config.warmup,
+        timeout=config.timeout,
+    )
+    good = window.good
     return LoadResult(
         concurrency=config.concurrency,
         batch=config.batch,
@@ -178,13 +236,13 @@ async def run_load(config: LoadConfig) -> LoadResult:
         duration_s=config.duration,
         requests=good,
         sentences=good * config.batch,
-        errors=len(window) - good,
+        errors=window.errors,
         requests_per_s=good / config.duration,
         sentences_per_s=good * config.batch / config.duration,
-        p50_ms=float(np.percentile(latencies, 50)) if has_latency else float("nan"),
-        p99_ms=float(np.percentile(latencies, 99)) if has_latency else float("nan"),
-        mean_ms=float(latencies.mean()) if has_latency else float("nan"),
-        first_error=errors[0] if errors else None,
+        p50_ms=window.percentile(50),
+        p99_ms=window.percentile(99),
+        mean_ms=window.mean_ms(),
+        first_error=window.first_error,
     )
 
 

@@ -196,6 +196,14 @@ def run_ceiling(args: argparse.Namespace) -> dict[str, float]:
         "--chunk", str(args.ceiling_chunk),
     ]  # fmt: skip
     print(f"$ {shlex.join(command)}", flush=True)
+    return measure_child(args, command)
+
+
+def measure_child(args: argparse.Namespace, command: list[str]) -> dict[str, float]:
+    """Run ``command`` (a measurement that prints one JSON object as its last line) in a
+    child process on a quiet machine, redone while others disturbed it (``--idle-wait``,
+    ``--max-noise``, ``--retries``); return its JSON with ``others_before`` and
+    ``others_during`` added."""
     return least_disturbed(args, partial(_ceiling_once, args, command), _ceiling_noise)
 
 
