@@ -355,6 +355,26 @@ def api_key_server(tmp_path_factory: pytest.TempPathFactory) -> ServerProcess:
         proc.cleanup()
 
 
+@pytest.fixture(scope="session")
+def models_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("scoring-models")
+
+
+@pytest.fixture(scope="session")
+def scoring_server(tmp_path_factory: pytest.TempPathFactory, models_root: Path) -> ServerProcess:
+    """The default embedder, a tiny reranker and a tiny classifier (see
+    `tests.tiny_models.scoring_models_config`) from one models.toml, shared by the rerank
+    and classify tests."""
+    from tests.tiny_models import scoring_models_config
+
+    proc = start_server_process(config=scoring_models_config(models_root, MODEL_NAME),
+                                log_dir=tmp_path_factory.mktemp("scoring-server"), shared=True)
+    try:
+        yield proc
+    finally:
+        proc.cleanup()
+
+
 @pytest.fixture
 def start_server(tmp_path: Path):
     """Factory for servers of one test: `start_server("--api-key", "k", config=..., env=...)`.

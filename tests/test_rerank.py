@@ -23,9 +23,9 @@ import numpy as np
 import pytest
 import requests
 
-from tests.conftest import MODEL_NAME, assert_error, start_server_process
+from tests.conftest import MODEL_NAME, assert_error
 from tests.tiny_models import (CLASSIFIER_NAME, FORCED_CLASSIFIER_NAME, RERANKER_NAME, SCORING_MAX_LENGTH,
-                               scoring_models_config, scoring_text)
+                               scoring_text)
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -35,27 +35,6 @@ RERANK_PATHS = ("/v1/rerank", "/rerank", "/v2/rerank")
 
 
 # --- the server and the references --------------------------------------------------------
-
-@pytest.fixture(scope="module")
-def models_root(tmp_path_factory):
-    return tmp_path_factory.mktemp("scoring-models")
-
-
-@pytest.fixture(scope="module")
-def scoring_config(models_root) -> str:
-    """Builds the tiny models under models_root; the models.toml that serves them."""
-    return scoring_models_config(models_root, MODEL_NAME)
-
-
-@pytest.fixture(scope="module")
-def scoring_server(tmp_path_factory, scoring_config):
-    proc = start_server_process(config=scoring_config, log_dir=tmp_path_factory.mktemp("rerank-server"),
-                                shared=True)
-    try:
-        yield proc
-    finally:
-        proc.cleanup()
-
 
 class Reference:
     """The tiny cross-encoder, as sentence-transformers and transformers load it from the
@@ -104,7 +83,7 @@ class Reference:
 
 
 @pytest.fixture(scope="module")
-def reference(scoring_config, models_root) -> Reference:
+def reference(scoring_server, models_root) -> Reference:  # the server fixture built the models
     return Reference(models_root / "reranker")
 
 
