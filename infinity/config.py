@@ -33,8 +33,9 @@ class ModelConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     source: str = DEFAULT_MODEL_SOURCE
     kind: ModelKind = "auto"
     device: str = "cpu"
-    engine: Literal["torch", "auto"] = "auto"
-    dtype: Literal["float32", "float16", "bfloat16", "auto"] = "auto"
+    engine: Literal["torch", "ctranslate2", "auto"] = "auto"
+    # int8 and int8_float16: CTranslate2 only.
+    dtype: Literal["float32", "float16", "bfloat16", "int8", "int8_float16", "auto"] = "auto"
     # None: from the model folder (sentence-transformers Pooling / Normalize modules).
     pooling: Pooling | None = None
     normalize: bool | None = None

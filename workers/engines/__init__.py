@@ -10,6 +10,7 @@ from workers.models import ModelSpec
 # Imported lazily so that a process loads only the backends it uses.
 ENGINES = {
     "torch": "workers.engines.torch_engine:TorchEngine",
+    "ctranslate2": "workers.engines.ctranslate2_engine:CTranslate2Engine",
 }
 
 

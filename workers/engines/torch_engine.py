@@ -25,6 +25,8 @@ class TorchEngine:
         from transformers.utils import logging as transformers_logging
 
         transformers_logging.disable_progress_bar()
+        if spec.dtype not in _DTYPES:
+            raise ValueError(f"the torch engine takes dtype {', '.join(_DTYPES)}; got {spec.dtype}")
         torch.set_num_threads(threads)
         self._spec = spec
         self._device = torch.device(spec.device)
