@@ -41,8 +41,10 @@ class ModelConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     normalize: bool | None = None
     max_length: int | None = None
     truncate: bool = True
-    max_batch_tokens: int = 8192
-    max_batch_size: int = 32
+    # Padded tokens and inputs per batch. A wide window lets the scheduler group inputs of
+    # similar length; measured on CPU, 64 beat 32 by about 10% at 64 concurrent clients.
+    max_batch_tokens: int = 16384
+    max_batch_size: int = 64
 
     def __post_init__(self) -> None:
         if self.max_length is not None and self.max_length < 2:
