@@ -1,5 +1,6 @@
 """Unit tests of the message protocol, request-body checks and the shared-memory arena."""
 
+import msgspec
 import numpy as np
 import pytest
 
@@ -28,7 +29,7 @@ def test_every_message_round_trips(message):
 
 
 def test_decode_rejects_garbage():
-    with pytest.raises(Exception):
+    with pytest.raises((msgspec.DecodeError, msgspec.ValidationError)):
         protocol.decode(b"\x93garbage")
 
 
