@@ -41,7 +41,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import math
 import os
 import platform
 import shlex
@@ -59,7 +58,7 @@ import numpy as np
 from bench import cpu
 from bench.corpus import sentences
 from bench.loadgen import closed_loop
-from bench.run import (OUT_DIR, REPO, _raise_exit, free_port, least_disturbed, measure_child,
+from bench.run import (OUT_DIR, REPO, _raise_exit, fmt_number, free_port, least_disturbed, measure_child,
                        stop_server, wait_healthy, wait_quiet)  # fmt: skip
 
 MODEL_DIR = Path.home() / ".cache" / "infinity-bench" / "minilm-cross-encoder"
@@ -428,10 +427,6 @@ def bench_server(args: argparse.Namespace, shapes: list[LoadShape], reference: d
 # --- report ---------------------------------------------------------------------------
 
 
-def _fmt(value: float, digits: int = 1) -> str:
-    return "n/a" if math.isnan(value) else f"{value:.{digits}f}"
-
-
 def markdown_table(ceil: dict[str, object], report: ServerReport) -> str:
     peak = float(ceil["pairs_per_s"])
     others = f"{ceil['others_during']:.0%}"
@@ -453,7 +448,7 @@ def markdown_table(ceil: dict[str, object], report: ServerReport) -> str:
     for row in report.rows:
         lines.append(
             f"| ours | {LoadShape(row.docs, row.concurrency).label} | {row.pairs_per_s:.1f} | "
-            f"{row.requests_per_s:.1f} | {_fmt(row.p50_ms)} | {_fmt(row.p99_ms)} | {row.errors} | "
+            f"{row.requests_per_s:.1f} | {fmt_number(row.p50_ms)} | {fmt_number(row.p99_ms)} | {row.errors} | "
             f"{row.pairs_per_s / peak:.2f} | {row.others_during:.0%} |"
         )
     return "\n".join(lines)

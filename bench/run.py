@@ -350,7 +350,7 @@ def bench_target(
     return report
 
 
-def _fmt(value: float, digits: int = 1) -> str:
+def fmt_number(value: float, digits: int = 1) -> str:
     return "n/a" if math.isnan(value) else f"{value:.{digits}f}"
 
 
@@ -374,8 +374,8 @@ def markdown_table(ceiling: dict[str, float], reports: list[TargetReport]) -> st
             r = m.load
             lines.append(
                 f"| {report.name} | {LoadShape(r.batch, r.concurrency).label} | "
-                f"{r.sentences_per_s:.1f} | {r.requests_per_s:.1f} | {_fmt(r.p50_ms)} | "
-                f"{_fmt(r.p99_ms)} | {r.errors} | {r.sentences_per_s / peak:.2f} | "
+                f"{r.sentences_per_s:.1f} | {r.requests_per_s:.1f} | {fmt_number(r.p50_ms)} | "
+                f"{fmt_number(r.p99_ms)} | {r.errors} | {r.sentences_per_s / peak:.2f} | "
                 f"{m.others_during:.0%} |"
             )
     return "\n".join(lines)
