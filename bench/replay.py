@@ -37,7 +37,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
 
-    spec = resolve_model(ModelConfig(name="default"))
+    spec = resolve_model(ModelConfig(name="default", engine="torch"))
     engine = load_engine(spec, args.threads)
     tokenizer = Tokenizer.from_file(f"{spec.path}/tokenizer.json")
     tokenizer.no_padding()

@@ -27,6 +27,8 @@ class ModelSpec(msgspec.Struct, frozen=True):
     path: str  # folder with config.json, weights and the tokenizer
     device: str
     engine: str
+    # The engine to load if `engine` fails, when `engine` was chosen by "auto".
+    fallback_engine: str | None
     dtype: str
     pooling: str
     normalize: bool

@@ -13,7 +13,8 @@ from workers.models import resolve_model
 
 def test_packed_bert_equals_the_padded_module_forward(tmp_path):
     folder = save_tiny_bert(tmp_path / "tiny")
-    engine = load_engine(resolve_model(ModelConfig(name="tiny", source=str(folder), pooling="mean")), threads=1)
+    engine = load_engine(resolve_model(ModelConfig(name="tiny", source=str(folder), pooling="mean", engine="torch")),
+                         threads=1)
     assert engine._packed is not None  # BertModel takes the padding-free path
     vocab_size = json.loads((folder / "config.json").read_text())["vocab_size"]
     rng = np.random.default_rng(0)

@@ -86,3 +86,31 @@ def test_kind_is_detected_from_the_head_and_can_be_overridden(tmp_path):
     CrossEncoder(str(reranker)).save(str(tmp_path / "st-cross-encoder"))
     assert (tmp_path / "st-cross-encoder" / "modules.json").is_file()
     assert resolve_model(ModelConfig(name="s", source=str(tmp_path / "st-cross-encoder"))).kind == "rerank"
+
+
+def test_auto_engine_rule(tmp_path):
+    import importlib.util
+
+    has_ctranslate2 = importlib.util.find_spec("ctranslate2") is not None
+    assert resolve_model(ModelConfig(name="d")).engine == ("ctranslate2" if has_ctranslate2 else "torch")
+    assert resolve_model(ModelConfig(name="d", engine="torch")).engine == "torch"
+    assert resolve_model(ModelConfig(name="d", dtype="bfloat16")).engine == "torch"
+    from tests.tiny_models import save_tiny_cross_encoder
+
+    reranker = save_tiny_cross_encoder(tmp_path / "reranker")
+    assert resolve_model(ModelConfig(name="r", source=str(reranker))).engine == "torch"
+
+
+def test_auto_engine_falls_back_to_torch_when_its_choice_cannot_load(tmp_path):
+    import msgspec
+
+    from workers.engines import load_engine
+    from workers.engines.torch_engine import TorchEngine
+
+    folder = save_tiny_bert(tmp_path / "tiny")
+    spec = resolve_model(ModelConfig(name="tiny", source=str(folder)))
+    assert spec.engine == "torch"  # no position_embedding_type in its config: ctranslate2 cannot convert it
+    forced = msgspec.structs.replace(spec, engine="ctranslate2", fallback_engine="torch")
+    assert isinstance(load_engine(forced, 1), TorchEngine)
+    with pytest.raises(Exception):
+        load_engine(msgspec.structs.replace(forced, fallback_engine=None), 1)
