@@ -65,8 +65,8 @@ def _detect_kind(transformer_dir: Path) -> str:
 
 def _engine(model: ModelConfig, kind: str, transformer_dir: Path) -> str:
     """`engine = "auto"`: CTranslate2 for BERT embedders on the CPU at float32 when it is
-    installed (measured here on all-MiniLM-L6-v2, 2 cores, in our server: 1.4x to 1.7x the
-    sentences/s of the torch engine, bench/RESULTS.md), torch for everything else. If the
+    installed (measured here on all-MiniLM-L6-v2, 2 cores, in our server: 1.8x to 1.9x the
+    sentences/s of the torch engine under concurrent load, bench/RESULTS.md), torch for everything else. If the
     chosen engine cannot load the model, the inference process falls back to torch."""
     if model.engine != "auto":
         return model.engine
