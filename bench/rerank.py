@@ -58,7 +58,7 @@ import numpy as np
 from bench import cpu
 from bench.corpus import sentences
 from bench.loadgen import closed_loop
-from bench.run import (OUT_DIR, REPO, _raise_exit, fmt_number, free_port, least_disturbed, measure_child,
+from bench.run import (OUT_DIR, REPO, _raise_exit, fmt_number, free_port, parse_pairs, least_disturbed, measure_child,
                        stop_server, wait_healthy, wait_quiet)  # fmt: skip
 
 MODEL_DIR = Path.home() / ".cache" / "infinity-bench" / "minilm-cross-encoder"
@@ -237,13 +237,7 @@ class LoadShape:
 
 def parse_loads(spec: str) -> list[LoadShape]:
     """``"16x1,64x8"``: DOCSxCONCURRENCY, comma separated."""
-    shapes = []
-    for item in spec.split(","):
-        docs, _, concurrency = item.strip().partition("x")
-        shapes.append(LoadShape(int(docs), int(concurrency)))
-    if any(s.docs < 1 or s.concurrency < 1 for s in shapes):
-        raise ValueError(f"bad load spec {spec!r}")
-    return shapes
+    return [LoadShape(docs, concurrency) for docs, concurrency in parse_pairs(spec)]
 
 
 @dataclass

@@ -137,15 +137,20 @@ class TargetReport:
     error: str | None = None
 
 
-def parse_loads(spec: str) -> list[LoadShape]:
-    """Parse ``"1x1,1x16,32x8"`` (BATCHxCONCURRENCY, comma separated)."""
-    shapes = []
+def parse_pairs(spec: str) -> list[tuple[int, int]]:
+    """Parse ``"1x1,1x16,32x8"`` into (count, concurrency) pairs, both positive."""
+    pairs = []
     for item in spec.split(","):
-        batch, _, concurrency = item.strip().partition("x")
-        shapes.append(LoadShape(int(batch), int(concurrency)))
-    if any(s.batch < 1 or s.concurrency < 1 for s in shapes):
+        count, _, concurrency = item.strip().partition("x")
+        pairs.append((int(count), int(concurrency)))
+    if any(count < 1 or concurrency < 1 for count, concurrency in pairs):
         raise ValueError(f"bad load spec {spec!r}")
-    return shapes
+    return pairs
+
+
+def parse_loads(spec: str) -> list[LoadShape]:
+    """``"1x1,1x16,32x8"``: BATCHxCONCURRENCY, comma separated."""
+    return [LoadShape(batch, concurrency) for batch, concurrency in parse_pairs(spec)]
 
 
 def free_port() -> int:
