@@ -195,7 +195,7 @@ async def rerank(request: web.Request) -> web.Response:
         "id": uuid.uuid4().hex,
         "results": results,
         "model": model.spec.name,
-        "usage": {"prompt_tokens": result.prompt_tokens, "total_tokens": result.prompt_tokens},
+        "usage": _usage(result),
         "meta": {"api_version": {"version": "2"}, "billed_units": {"search_units": 1},
                  "tokens": {"input_tokens": result.prompt_tokens}},
     }))
@@ -220,8 +220,14 @@ async def classify(request: web.Request) -> web.Response:
         "object": "list",
         "data": data,
         "model": model.spec.name,
-        "usage": {"prompt_tokens": result.prompt_tokens, "total_tokens": result.prompt_tokens},
+        "usage": _usage(result),
     }))
+
+
+def _usage(result: Result) -> dict[str, int]:
+    """Tokens the model processed (after truncation), and how many inputs were truncated."""
+    return {"prompt_tokens": result.prompt_tokens, "total_tokens": result.prompt_tokens,
+            "truncated_inputs": result.truncated}
 
 
 def _json(payload: bytes) -> web.Response:
@@ -279,5 +285,5 @@ def _embedding_response(result: Result, encoding_format: str, dimensions: int | 
         "object": "list",
         "data": data,
         "model": result.model.spec.name,
-        "usage": {"prompt_tokens": result.prompt_tokens, "total_tokens": result.prompt_tokens},
+        "usage": _usage(result),
     })

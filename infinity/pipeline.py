@@ -269,7 +269,7 @@ class Pipeline:
             return
         assert pending.model.arena is not None
         pending.future.set_result(Result(pending.model, pending.model.arena, pending.slots,
-                                                  pending.prompt_tokens, pending.truncated))
+                                         pending.prompt_tokens, pending.truncated))
 
     def _on_failed(self, message: protocol.Failed) -> None:
         pending = self._pending.get(message.request_id)

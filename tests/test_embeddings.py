@@ -132,9 +132,10 @@ def test_duplicates_in_one_request(server, sentences, reference_vectors):
 
 def test_long_input_is_truncated_to_max_length(server, reference_model):
     text = " ".join(f"token{i}" for i in range(600))
-    body = server.embed([text]).json()
-    (vector,) = _check_response(body, 1)
-    assert body["usage"]["prompt_tokens"] == MAX_LENGTH
+    body = server.embed([text, "short"]).json()
+    vector, _ = _check_response(body, 2)
+    assert body["usage"]["prompt_tokens"] == MAX_LENGTH + 3  # "short" is [CLS] short [SEP]
+    assert body["usage"]["truncated_inputs"] == 1
     assert_close(vector, reference_embed(reference_model, [text])[0])
 
 
@@ -202,7 +203,12 @@ def test_token_ids_match_text_request(server, sentences):
     ids_body = server.embed(ids).json()
     for a, b in zip(text_body["data"], ids_body["data"]):
         assert cosine(decode_embedding(a["embedding"]), decode_embedding(b["embedding"])) >= 0.999999
-    assert text_body["usage"] == ids_body["usage"]
+    for key in ("prompt_tokens", "total_tokens"):
+        assert text_body["usage"][key] == ids_body["usage"][key]
+    # The texts over 256 tokens were cut by the server; their ids arrived already cut.
+    long_texts = sum(len(tokenizer.encode(t).overflowing) > 0 for t in texts)
+    assert long_texts > 0
+    assert (text_body["usage"]["truncated_inputs"], ids_body["usage"]["truncated_inputs"]) == (long_texts, 0)
 
 
 def test_token_ids_longer_than_max_length_are_truncated(server):
