@@ -8,7 +8,6 @@ configured `url_prefix`.
 from __future__ import annotations
 
 import asyncio
-import base64
 import hmac
 import logging
 import os
@@ -25,8 +24,9 @@ from infinity.config import Config
 from infinity.errors import APIError, error_response
 from infinity.pipeline import Result, Pipeline, ServedModel, StartupError
 from infinity.protocol import ModelSpec
-from infinity.schemas import (ClassifyRequest, EmbeddingRequest, RerankRequest, decode_body, rerank_inputs,
-                              text_or_token_inputs)
+from infinity.quantize import encode
+from infinity.schemas import (ClassifyRequest, CohereEmbedRequest, EmbeddingRequest, ModelInputs, RerankRequest,
+                              decode_body, output_types, rerank_inputs, text_inputs, text_or_token_inputs)
 
 log = logging.getLogger(__name__)
 
@@ -52,11 +52,13 @@ def create_app(config: Config, specs: list[ModelSpec]) -> web.Application:
     for version in ("/v1", ""):
         base = server.url_prefix + version
         app.router.add_post(f"{base}/embeddings", embeddings)
+        app.router.add_post(f"{base}/embed", cohere_embed)
         app.router.add_post(f"{base}/rerank", rerank)
         app.router.add_post(f"{base}/classify", classify)
         app.router.add_get(f"{base}/models", models)
         app.router.add_get(f"{base}/health", health)
     app.router.add_post(f"{server.url_prefix}/v2/rerank", rerank)  # Cohere's v2 client
+    app.router.add_post(f"{server.url_prefix}/v2/embed", cohere_embed)
     app.on_startup.append(_start_pipeline)
     app.on_cleanup.append(_stop_pipeline)
     return app
@@ -159,20 +161,50 @@ async def models(request: web.Request) -> web.Response:
 
 
 async def embeddings(request: web.Request) -> web.Response:
-    pipeline = request.app[PIPELINE]
+    """OpenAI embeddings; with `embedding_types`, each item holds `embeddings` by type
+    instead of `embedding`."""
     body = decode_body(await request.read(), EmbeddingRequest)
-    model = _served_model(pipeline, body.model, "embed")
+    types = body.output_types(request.app[CONFIG].server.embedding_type)
+    model = _served_model(request.app[PIPELINE], body.model, "embed")
     inputs = text_or_token_inputs(body.input, _max_items(request))
-    dim = model.info.dim if model.info else None
-    if body.dimensions is not None and dim is not None and not 0 < body.dimensions <= dim:
-        raise APIError(422, f"dimensions must be between 1 and {dim} for model '{model.spec.name}'",
-                       param="dimensions")
-    result = await pipeline.run(model, inputs)
-    try:
-        payload = _embedding_response(result, body.encoding_format, body.dimensions)
-    finally:
-        result.release()
-    return _json(payload)
+    result, rows = await _embed(request, model, inputs, body.dimensions, "dimensions")
+    encoded = {t: encode(rows, t, body.encoding_format == "base64") for t in types}
+    if body.embedding_types is None:
+        data = [{"object": "embedding", "index": i, "embedding": value}
+                for i, value in enumerate(encoded[types[0]])]
+    else:
+        data = [{"object": "embedding", "index": i, "embeddings": {t: encoded[t][i] for t in types}}
+                for i in range(len(rows))]
+    return _json(msgspec.json.encode({
+        "object": "list",
+        "data": data,
+        "model": model.spec.name,
+        "usage": _usage(result),
+    }))
+
+
+async def cohere_embed(request: web.Request) -> web.Response:
+    """Cohere v1/v2 embed. v1 without `embedding_types` (and a float server default)
+    answers `embeddings_floats`; otherwise `embeddings_by_type`, where Cohere's `base64`
+    type is the base64 of the float32 values."""
+    body = decode_body(await request.read(), CohereEmbedRequest)
+    default = request.app[CONFIG].server.embedding_type
+    types = output_types(body.embedding_types, default)
+    model = _served_model(request.app[PIPELINE], body.model, "embed")
+    inputs = text_inputs(body.texts, _max_items(request), "texts")
+    result, rows = await _embed(request, model, inputs, body.output_dimension, "output_dimension")
+    version = "2" if request.path.endswith("/v2/embed") else "1"
+    by_type = version == "2" or body.embedding_types is not None or default != "float"
+    embeddings = ({t: encode(rows, "float", True) if t == "base64" else encode(rows, t) for t in types}
+                  if by_type else encode(rows, "float"))
+    return _json(msgspec.json.encode({
+        "id": uuid.uuid4().hex,
+        "embeddings": embeddings,
+        "texts": body.texts,
+        "meta": {"api_version": {"version": version}, "billed_units": {"input_tokens": result.prompt_tokens},
+                 "tokens": {"input_tokens": result.prompt_tokens}},
+        "response_type": "embeddings_by_type" if by_type else "embeddings_floats",
+    }))
 
 
 async def rerank(request: web.Request) -> web.Response:
@@ -273,17 +305,20 @@ def _served_model(pipeline: Pipeline, name: str | None, kind: str) -> ServedMode
     return model
 
 
-def _embedding_response(result: Result, encoding_format: str, dimensions: int | None) -> bytes:
-    data = []
-    for index, row in enumerate(result.rows()):
-        if dimensions is not None and dimensions < len(row):
-            row = row[:dimensions]
-            row = row / max(float(np.linalg.norm(row)), 1e-12)
-        embedding = base64.b64encode(row).decode() if encoding_format == "base64" else row.tolist()
-        data.append({"object": "embedding", "index": index, "embedding": embedding})
-    return msgspec.json.encode({
-        "object": "list",
-        "data": data,
-        "model": result.model.spec.name,
-        "usage": _usage(result),
-    })
+async def _embed(request: web.Request, model: ServedModel, inputs: ModelInputs, dimensions: int | None,
+                 dimensions_param: str) -> tuple[Result, np.ndarray]:
+    """Run `inputs` through an embedder; return the (released) result and its vectors as
+    one (n, dim) float32 array, truncated to `dimensions` and re-normalised."""
+    dim = model.info.dim if model.info else None
+    if dimensions is not None and dim is not None and not 0 < dimensions <= dim:
+        raise APIError(422, f"{dimensions_param} must be between 1 and {dim} for model '{model.spec.name}'",
+                       param=dimensions_param)
+    result = await request.app[PIPELINE].run(model, inputs)
+    try:
+        rows = np.stack(list(result.rows()))
+    finally:
+        result.release()
+    if dimensions is not None and dimensions < rows.shape[1]:
+        rows = rows[:, :dimensions]
+        rows = rows / np.maximum(np.linalg.norm(rows, axis=1, keepdims=True), 1e-12)
+    return result, rows

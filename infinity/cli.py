@@ -20,6 +20,8 @@ _SERVER_FLAGS = {
     "--max-items-per-request": ("max_items_per_request", int, "inputs one request may carry (default 2048; never more than --max-queued-items)"),
     "--max-request-bytes": ("max_request_bytes", int, "largest request body, larger is 413 (default 16 MiB)"),
     "--log-level": ("log_level", str, "debug, info, warning or error (default info)"),
+    "--embedding-type": ("embedding_type", str, "embeddings' output type when a request names none: float, "
+                                                "int8, uint8, binary or ubinary (default float)"),
 }
 
 

@@ -15,6 +15,8 @@ from typing import Any, Literal
 
 import msgspec
 
+from infinity.quantize import EmbeddingType
+
 DEFAULT_MODEL_SOURCE = "default"
 DEFAULT_MODEL_NAME = "all-MiniLM-L6-v2"
 
@@ -67,6 +69,8 @@ class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     max_items_per_request: int = 2048
     max_request_bytes: int = 16 * 1024 * 1024
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    # Output type of embeddings when a request names none (see infinity/quantize.py).
+    embedding_type: EmbeddingType = "float"
 
     def __post_init__(self) -> None:
         if not 0 < self.port < 65536:
@@ -91,6 +95,7 @@ class Config(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
 _SERVER_ENV_KEYS = (
     "host", "port", "api_key", "url_prefix", "tokenizer_workers",
     "max_queued_items", "max_items_per_request", "max_request_bytes", "log_level",
+    "embedding_type",
 )
 
 

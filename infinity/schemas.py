@@ -3,19 +3,61 @@ schema cannot express (the shapes `input` may take, limits)."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import msgspec
 
 from infinity.errors import APIError
+from infinity.quantize import EmbeddingType
 
 
 class EmbeddingRequest(msgspec.Struct):
+    """OpenAI embeddings, plus the output type: `embedding_type` (one, in each item's
+    `embedding`) or `embedding_types` (several, in each item's `embeddings`)."""
+
     input: Any
     model: str | None = None
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = None
     user: str | None = None
+    embedding_type: EmbeddingType | None = None
+    embedding_types: list[EmbeddingType] | None = None
+
+    def output_types(self, default: EmbeddingType) -> list[EmbeddingType]:
+        """The requested types (see `output_types`); `embedding_type` stands in for the default."""
+        if self.embedding_type is not None and self.embedding_types is not None:
+            raise APIError(422, "give embedding_type (one type) or embedding_types (a list), not both",
+                           param="embedding_types")
+        return output_types(self.embedding_types, self.embedding_type or default)
+
+
+# Cohere's "base64" type: base64 of the float32 values.
+CohereEmbeddingType = Literal[EmbeddingType, "base64"]
+
+
+class CohereEmbedRequest(msgspec.Struct):
+    """Cohere v1/v2 embed bodies, texts only. `input_type` is accepted and ignored; long
+    inputs are cut at the end (or refused) as the model's `truncate` setting says, so
+    `truncate` may only be END."""
+
+    texts: list[str]
+    model: str | None = None
+    input_type: str | None = None
+    embedding_types: list[CohereEmbeddingType] | None = None
+    truncate: Literal["END"] = "END"
+    output_dimension: int | None = None
+
+
+_Type = TypeVar("_Type", bound=str)
+
+
+def output_types(types: list[_Type] | None, default: _Type) -> list[_Type]:
+    """The requested output types, each once, in request order; `[default]` without a list."""
+    if types is None:
+        return [default]
+    if not types:
+        raise APIError(422, "embedding_types must name at least one type", param="embedding_types")
+    return list(dict.fromkeys(types))
 
 
 class RerankRequest(msgspec.Struct):
@@ -81,19 +123,31 @@ def text_or_token_inputs(value: Any, max_items: int) -> ModelInputs:
         return ModelInputs(texts=[value])
     if not isinstance(value, list) or not value:
         raise APIError(422, _SHAPE, param="input")
-    if len(value) > max_items:
-        raise APIError(422, f"input has {len(value)} items, more than the limit of {max_items} "
-                            "per request; split it into several requests", param="input")
     if all(isinstance(v, str) for v in value):
-        empty = next((i for i, v in enumerate(value) if not v), None)
-        if empty is not None:
-            raise APIError(422, f"input[{empty}] is an empty string", param="input")
-        return ModelInputs(texts=value)
+        return text_inputs(value, max_items, "input")
+    _check_count(len(value), max_items, "input")
     if all(_is_token(v) for v in value):
         return ModelInputs(token_ids=_in_range([value]))
     if all(isinstance(v, list) and v and all(_is_token(t) for t in v) for v in value):
         return ModelInputs(token_ids=_in_range(value))
     raise APIError(422, _SHAPE, param="input")
+
+
+def text_inputs(texts: list[str], max_items: int, param: str) -> ModelInputs:
+    """Check a list of texts: not empty, within the item limit, no empty string."""
+    if not texts:
+        raise APIError(422, f"{param} must be a non-empty list of strings", param=param)
+    _check_count(len(texts), max_items, param)
+    empty = next((i for i, text in enumerate(texts) if not text), None)
+    if empty is not None:
+        raise APIError(422, f"{param}[{empty}] is an empty string", param=param)
+    return ModelInputs(texts=texts)
+
+
+def _check_count(count: int, max_items: int, param: str) -> None:
+    if count > max_items:
+        raise APIError(422, f"{param} has {count} items, more than the limit of {max_items} "
+                            "per request; split it into several requests", param=param)
 
 
 def _in_range(sequences: list[list[int]]) -> list[list[int]]:
@@ -121,9 +175,7 @@ def rerank_inputs(body: RerankRequest, max_items: int) -> ModelInputs:
     if not isinstance(documents, list) or not documents:
         raise APIError(422, "documents must be a non-empty list of strings or of objects with 'text'",
                        param="documents")
-    if len(documents) > max_items:
-        raise APIError(422, f"documents has {len(documents)} items, more than the limit of {max_items} "
-                            "per request; split it into several requests", param="documents")
+    _check_count(len(documents), max_items, "documents")
     texts = []
     for i, document in enumerate(documents):
         if isinstance(document, dict):
