@@ -155,7 +155,10 @@ async def models(request: web.Request) -> web.Response:
             "ready": model.ready,
             "dimensions": info.dim if info else None,
             "max_length": model.spec.max_length,
-            "device": model.spec.device,
+            "devices": [replica.device for replica in model.replicas],
+            # Each replica's readiness and the inputs it has computed (how the load spreads).
+            "replicas": [{"device": replica.device, "ready": replica.ready, "inputs": replica.served}
+                         for replica in model.replicas],
         })
     return web.json_response({"object": "list", "data": data})
 

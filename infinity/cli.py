@@ -54,9 +54,9 @@ def main(argv: list[str] | None = None) -> None:
                              model_name=args.served_name)
         logging.basicConfig(level=config.server.log_level.upper(),
                             format="%(asctime)s %(levelname)s [front] %(message)s")
-        from workers.models import resolve_model
+        from workers.models import resolve_replicas
 
-        specs = [resolve_model(model) for model in config.models]
+        specs = [spec for model in config.models for spec in resolve_replicas(model)]
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)

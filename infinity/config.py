@@ -16,6 +16,7 @@ from typing import Any, Literal
 import msgspec
 
 from infinity.quantize import EmbeddingType
+from workers.devices import normalise as normalise_device
 
 DEFAULT_MODEL_SOURCE = "default"
 DEFAULT_MODEL_NAME = "all-MiniLM-L6-v2"
@@ -34,7 +35,8 @@ class ModelConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     name: str = ""
     source: str = DEFAULT_MODEL_SOURCE
     kind: ModelKind = "auto"
-    device: str = "cpu"
+    # One device, or several: one replica of the model on each (see workers/devices.py).
+    device: str | list[str] = "cpu"
     engine: Literal["torch", "ctranslate2", "auto"] = "auto"
     # int8 and int8_float16: CTranslate2 only.
     dtype: Literal["float32", "float16", "bfloat16", "int8", "int8_float16", "auto"] = "auto"
@@ -53,6 +55,21 @@ class ModelConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
             raise ConfigError("models.max_length must be at least 2")
         if self.max_batch_tokens < 1 or self.max_batch_size < 1:
             raise ConfigError("models.max_batch_tokens and models.max_batch_size must be positive")
+        try:
+            normalised = self.devices
+        except ValueError as exc:
+            raise ConfigError(f"models.device: {exc}") from None
+        if not normalised:
+            raise ConfigError("models.device must name at least one device")
+        repeated = sorted({d for d in normalised if normalised.count(d) > 1})
+        if repeated:
+            raise ConfigError(f"models.device {self.device!r} names {', '.join(repeated)} more than once")
+
+    @property
+    def devices(self) -> list[str]:
+        """The model's devices, normalised (`cuda` is `cuda:0`): one replica on each."""
+        listed = [self.device] if isinstance(self.device, str) else self.device
+        return [normalise_device(device) for device in listed]
 
 
 class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):

@@ -2,10 +2,14 @@
 happens when a child answers or dies.
 
 Every request is admitted (given arena slots, or refused with 429) before anything is
-queued, then sent to a tokenizer, then to the inference process of its model's device.
+queued, then sent to a tokenizer, then to one replica of its model: the inference process
+of one of the model's devices, the ready one with the fewest inputs outstanding.
 The pipeline always knows which child holds a request, so a child's death fails exactly
 the requests it held (503), and a client that goes away has its request dropped from
 the inference queue. Slots return to the pool only when no process can still write them.
+
+A model placed on several devices keeps serving on its other replicas while one is
+restarted; `/health` says ready only when every process is (a replica short, it is 503).
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from infinity.errors import APIError
 from infinity.protocol import ModelSpec
 from infinity.schemas import ModelInputs
 from infinity.supervisor import Child, plan_cpus, run_dir_prefix, usable_cpus
-from workers import inference_worker, tokenizer_worker
+from workers import devices, inference_worker, tokenizer_worker
 
 log = logging.getLogger(__name__)
 
@@ -38,15 +42,16 @@ class StartupError(RuntimeError):
     """A child could not load what it serves; the server cannot start."""
 
 
-class ServedModel:
-    """A model as the front end sees it: its spec, its inference child, its arena."""
+class Replica:
+    """A model in one inference process (one device), with the arena that process writes."""
 
-    def __init__(self, spec: ModelSpec, child: Child, slots: int) -> None:
-        self.spec = spec
+    def __init__(self, device: str, child: Child) -> None:
+        self.device = device
         self.child = child
-        self.pool = shm.SlotPool(slots)
         self.info: protocol.ModelInfo | None = None
         self.arena: shm.Arena | None = None
+        self.outstanding = 0  # inputs sent to it and not yet done
+        self.served = 0  # inputs it has computed
 
     @property
     def ready(self) -> bool:
@@ -58,6 +63,38 @@ class ServedModel:
         self.arena = shm.Arena(info.arena, info.slots, info.dim, create=False)
 
 
+class ServedModel:
+    """A model as the front end sees it: its spec (the first replica's; replicas differ
+    only in device), its replicas, and the slot pool they share.
+
+    Every replica's arena has as many rows as the pool has slots, so slots taken at
+    admission are valid in whichever replica runs the request; its result is read from
+    that replica's arena.
+    """
+
+    def __init__(self, spec: ModelSpec, slots: int) -> None:
+        self.spec = spec
+        self.pool = shm.SlotPool(slots)
+        self.replicas: list[Replica] = []
+
+    @property
+    def ready(self) -> bool:
+        """At least one replica can take requests."""
+        return any(replica.ready for replica in self.replicas)
+
+    @property
+    def info(self) -> protocol.ModelInfo | None:
+        """What the loaded model reports (the same in every replica but for its arena)."""
+        return next((replica.info for replica in self.replicas if replica.info is not None), None)
+
+    def pick(self) -> Replica | None:
+        """The ready replica with the fewest inputs outstanding, or None."""
+        return min((r for r in self.replicas if r.ready), key=lambda r: r.outstanding, default=None)
+
+    def replica_in(self, child: Child) -> Replica:
+        return next(replica for replica in self.replicas if replica.child is child)
+
+
 @dataclass(eq=False)
 class _Pending:
     request_id: int
@@ -65,6 +102,7 @@ class _Pending:
     slots: list[int]
     future: asyncio.Future[Result]
     holder: Child
+    replica: Replica | None = None  # where it was sent to run
     prompt_tokens: int = 0
     truncated: int = 0
     abandoned: bool = False  # the client went away (or was answered with an error)
@@ -126,20 +164,27 @@ class Pipeline:
             protocol.Failed: self._on_failed,
         }
 
-        plan = plan_cpus(usable_cpus(), server.tokenizer_workers)
+        # `specs` has one spec per replica; a model on several devices appears once for each.
+        self.models: dict[str, ServedModel] = {}
+        for spec in specs:
+            self.models.setdefault(spec.name, ServedModel(spec, server.max_queued_items))
+        all_devices = list(dict.fromkeys(spec.device for spec in specs))
+        cpu_devices = [device for device in all_devices if devices.is_cpu(device)]
+        plan = plan_cpus(usable_cpus(), server.tokenizer_workers, max(1, len(cpu_devices)))
+        placement = dict(zip(cpu_devices, plan.cpu_partitions))
+        first_specs = [model.spec for model in self.models.values()]
         self.tokenizers = [
-            Child(self._args(f"tokenizer-{i}", specs, cpus, 1), tokenizer_worker.main)
+            Child(self._args(f"tokenizer-{i}", first_specs, cpus, 1), tokenizer_worker.main)
             for i, cpus in enumerate(plan.tokenizer_cpus)
         ]
-        self.models: dict[str, ServedModel] = {}
         self.inference: list[Child] = []
-        for device in dict.fromkeys(spec.device for spec in specs):
+        for device in all_devices:
             on_device = [spec for spec in specs if spec.device == device]
-            child = Child(self._args(f"inference-{device}", on_device, plan.inference_cpus,
-                                     plan.inference_threads), inference_worker.main)
+            cpus, threads = placement.get(device, (plan.inference_cpus, plan.inference_threads))
+            child = Child(self._args(f"inference-{device}", on_device, cpus, threads), inference_worker.main)
             self.inference.append(child)
             for spec in on_device:
-                self.models[spec.name] = ServedModel(spec, child, server.max_queued_items)
+                self.models[spec.name].replicas.append(Replica(device, child))
 
     def _endpoint(self, name: str) -> str:
         return f"ipc://{self._rundir}/{name.replace(':', '_')}"
@@ -157,7 +202,8 @@ class Pipeline:
 
     @property
     def ready(self) -> bool:
-        return all(child.ready for child in self.children) and all(m.ready for m in self.models.values())
+        return (all(child.ready for child in self.children)
+                and all(replica.ready for model in self.models.values() for replica in model.replicas))
 
     async def start(self) -> None:
         """Start every child; return once all are ready, or raise `StartupError`."""
@@ -228,7 +274,7 @@ class Pipeline:
     def _on_ready(self, message: protocol.Ready) -> None:
         child = self._child(message.worker)
         for info in message.models:
-            self.models[info.name].attach(info)
+            self.models[info.name].replica_in(child).attach(info)
         child.ready = True
         child.failures = 0
         self._outstanding[child.name] = 0
@@ -250,25 +296,30 @@ class Pipeline:
         if pending.abandoned:
             self._finish(pending, None)
             return
-        if not model.ready:
+        replica = model.pick()
+        if replica is None:
             self._finish(pending, APIError(503, f"model '{model.spec.name}' is restarting; retry shortly",
                                            code="model_not_ready", headers={"Retry-After": "1"}))
             return
         pending.prompt_tokens = sum(message.lengths)
         pending.truncated = message.truncated
-        pending.holder = model.child
-        model.child.send(protocol.Infer(message.request_id, model.spec.name, message.ids,
-                                        message.lengths, pending.slots, message.type_ids))
+        pending.holder = replica.child
+        pending.replica = replica
+        replica.outstanding += len(pending.slots)
+        replica.child.send(protocol.Infer(message.request_id, model.spec.name, message.ids,
+                                          message.lengths, pending.slots, message.type_ids))
 
     def _on_done(self, message: protocol.Done) -> None:
-        pending = self._pending.pop(message.request_id, None)
+        pending = self._take(message.request_id)
         if pending is None:
             return
         if pending.abandoned or message.cancelled:
             pending.model.pool.give_back(pending.slots)
             return
-        assert pending.model.arena is not None
-        pending.future.set_result(Result(pending.model, pending.model.arena, pending.slots,
+        replica = pending.replica
+        assert replica is not None and replica.arena is not None
+        replica.served += len(pending.slots)
+        pending.future.set_result(Result(pending.model, replica.arena, pending.slots,
                                          pending.prompt_tokens, pending.truncated))
 
     def _on_failed(self, message: protocol.Failed) -> None:
@@ -282,7 +333,7 @@ class Pipeline:
     def _finish(self, pending: _Pending, error: APIError | None) -> None:
         """End a request with an error (None: its client is gone); no process holds it,
         so its slots are free."""
-        self._pending.pop(pending.request_id, None)
+        self._take(pending.request_id)
         pending.model.pool.give_back(pending.slots)
         if pending.future.done():
             return
@@ -290,6 +341,13 @@ class Pipeline:
             pending.future.cancel()
         else:
             pending.future.set_exception(error)
+
+    def _take(self, request_id: int) -> _Pending | None:
+        """Remove a request that no process holds any more from the books."""
+        pending = self._pending.pop(request_id, None)
+        if pending is not None and pending.replica is not None:
+            pending.replica.outstanding -= len(pending.slots)
+        return pending
 
     def _child_exited(self, child: Child) -> None:
         code = child.process.exitcode if child.process is not None else None
@@ -300,8 +358,9 @@ class Pipeline:
         if self._stopping:
             return
         for model in self.models.values():
-            if model.child is child and model.info is not None:
-                shm.remove(model.info.arena)  # the restarted child creates it anew
+            for replica in model.replicas:
+                if replica.child is child and replica.info is not None:
+                    shm.remove(replica.info.arena)  # the restarted child creates it anew
         if self._started is not None and not self._started.done():
             self._started.set_exception(StartupError(f"{child.name} exited with code {code} while starting"))
             return

@@ -20,12 +20,13 @@ import msgspec
 
 
 class ModelSpec(msgspec.Struct, frozen=True):
-    """A model as the children load it: resolved folder and settled options."""
+    """A model as the children load it: resolved folder and settled options. One spec is
+    one replica: a model on several devices has one spec per device, alike but for `device`."""
 
     name: str
     kind: str  # "embed", "rerank" or "classify"
     path: str  # folder with config.json, weights and the tokenizer
-    device: str
+    device: str  # normalised: "cpu", "cpu:1", "cuda:0", "rocm:0", "mps" (workers/devices.py)
     engine: str
     # The engine to load if `engine` fails, when `engine` was chosen by "auto".
     fallback_engine: str | None
@@ -42,7 +43,7 @@ class ModelSpec(msgspec.Struct, frozen=True):
 class WorkerArgs(msgspec.Struct, frozen=True):
     """Everything a child process is started with."""
 
-    name: str  # "tokenizer-0", "inference-cpu", ...
+    name: str  # "tokenizer-0", "inference-cpu", "inference-cuda:1", ...
     front_endpoint: str  # the front end's PULL socket
     endpoint: str  # this child's PULL socket
     models: list[ModelSpec]

@@ -29,23 +29,45 @@ _spawn = multiprocessing.get_context("spawn")
 @dataclass(frozen=True)
 class CpuPlan:
     tokenizer_cpus: list[list[int] | None]  # one entry per tokenizer process
-    inference_cpus: list[int] | None
+    inference_cpus: list[int] | None  # every inference core; GPU processes run on these
     inference_threads: int
+    # (cores, threads) of each CPU partition's process (devices cpu, cpu:1, ...).
+    cpu_partitions: list[tuple[list[int] | None, int]]
 
 
-def plan_cpus(cpus: list[int], tokenizer_workers: int = 0) -> CpuPlan:
-    """Split the usable CPUs between tokenizer processes and the inference process.
+def plan_cpus(cpus: list[int], tokenizer_workers: int = 0, cpu_partitions: int = 1) -> CpuPlan:
+    """Split the usable CPUs between tokenizer processes and inference processes.
 
     With 4 or more CPUs, tokenizers get one pinned core each (one per 8 cores by default,
     at least one) and inference the rest; with fewer, nothing is pinned: one tokenizer
-    shares the cores with inference, which runs a thread per core.
+    shares the cores with inference, which runs a thread per core. Several CPU partitions
+    split the inference cores (all cores, if none are reserved) into contiguous pinned
+    groups of near-equal size, a thread per core; with more partitions than cores, they
+    share cores round robin, one thread each.
     """
     count = tokenizer_workers or max(1, len(cpus) // 8)
     if len(cpus) < 4 or count >= len(cpus) // 2 + 1:
-        return CpuPlan([None] * count, None, len(cpus))
-    pinned = cpus[-count:]
-    rest = cpus[:-count]
-    return CpuPlan([[cpu] for cpu in pinned], rest, len(rest))
+        tokenizers: list[list[int] | None] = [None] * count
+        inference, threads = None, len(cpus)
+    else:
+        tokenizers = [[cpu] for cpu in cpus[-count:]]
+        inference = cpus[:-count]
+        threads = len(inference)
+    if cpu_partitions == 1:
+        partitions: list[tuple[list[int] | None, int]] = [(inference, threads)]
+    else:
+        partitions = [(group, len(group)) for group in _split(inference or cpus, cpu_partitions)]
+    return CpuPlan(tokenizers, inference, threads, partitions)
+
+
+def _split(cpus: list[int], parts: int) -> list[list[int]]:
+    """`cpus` in `parts` contiguous groups whose sizes differ by at most one; with fewer
+    cpus than parts, one cpu each, round robin."""
+    if parts > len(cpus):
+        return [[cpus[i % len(cpus)]] for i in range(parts)]
+    size, extra = divmod(len(cpus), parts)
+    starts = [i * size + min(i, extra) for i in range(parts + 1)]
+    return [cpus[start:end] for start, end in zip(starts, starts[1:])]
 
 
 def run_dir_prefix(pid: int | None = None) -> str:

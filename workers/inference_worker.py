@@ -1,5 +1,7 @@
 """Inference process: holds the models placed on one device, batches their inputs and
-writes the vectors into the front end's shared-memory slots.
+writes the vectors into the front end's shared-memory slots. It first checks that this
+machine has its device, so a configuration asking for a missing GPU stops the start with
+a message naming the models and the device.
 
 Two threads: the receiver decodes `Infer` / `Cancel` messages into the scheduler while
 the main thread runs the engine, so the queue is filled and sorted during each forward
@@ -19,6 +21,7 @@ import zmq
 
 from infinity import protocol
 from infinity.shm import Arena
+from workers import devices
 from workers.batching import Batch, Scheduler
 from workers.engines import load_engine
 from workers.engines.base import Engine
@@ -31,10 +34,14 @@ def main(args: protocol.WorkerArgs) -> None:
     context, inbox, to_front = start_child(args)
     try:
         try:
+            devices.require(args.models[0].device, [spec.name for spec in args.models])
             engines = {spec.name: load_engine(spec, args.threads) for spec in args.models}
             overheads = {spec.name: _warm_up(engines[spec.name], spec.max_length) for spec in args.models}
             arenas = {spec.name: Arena(_arena_name(args, spec.name), args.arena_slots,
                                        engines[spec.name].dim, create=True) for spec in args.models}
+        except devices.DeviceUnavailable as exc:  # a configuration error: no traceback
+            to_front.send(protocol.encode(protocol.StartupFailed(args.name, str(exc))))
+            return
         except Exception as exc:
             log.exception("cannot load models")
             to_front.send(protocol.encode(protocol.StartupFailed(args.name, f"{type(exc).__name__}: {exc}")))

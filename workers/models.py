@@ -1,8 +1,9 @@
 """Model sources and model folders: where a model's files are, and what its folder says
 about tokenisation, pooling and normalisation.
 
-`resolve_model` runs once in the supervisor, before any child starts, so a missing model
-fails the start with a message naming it; children receive the resolved `ModelSpec`.
+`resolve_replicas` runs once in the supervisor, before any child starts, so a missing model
+fails the start with a message naming it; children receive the resolved `ModelSpec`s, one
+per device the model is placed on.
 """
 
 from __future__ import annotations
@@ -15,8 +16,11 @@ import tempfile
 import zipfile
 from pathlib import Path
 
+import msgspec
+
 from infinity.config import DEFAULT_MODEL_SOURCE, ConfigError, ModelConfig
 from infinity.protocol import ModelSpec
+from workers import devices
 
 PACKAGED_MODEL_MODULE = "all_minilm_l6_v2"
 
@@ -25,8 +29,15 @@ def cache_dir() -> Path:
     return Path(os.environ.get("INFINITY_CACHE_DIR", Path.home() / ".cache" / "infinity"))
 
 
+def resolve_replicas(model: ModelConfig) -> list[ModelSpec]:
+    """One `ModelSpec` per device of the model (its replicas, which differ only in `device`)."""
+    spec = resolve_model(model)
+    return [msgspec.structs.replace(spec, device=device) for device in model.devices]
+
+
 def resolve_model(model: ModelConfig) -> ModelSpec:
-    """Find the model's files and read its folder into a `ModelSpec`."""
+    """Find the model's files and read its folder into a `ModelSpec` on the model's first
+    device."""
     folder = _model_folder(model)
     modules = _sentence_transformers_modules(folder)
     transformer_dir = folder / modules.get("Transformer", "")
@@ -39,7 +50,7 @@ def resolve_model(model: ModelConfig) -> ModelSpec:
         name=model.name,
         kind=kind,
         path=str(transformer_dir),
-        device=model.device,
+        device=model.devices[0],
         engine=(engine := _engine(model, kind, transformer_dir)),
         fallback_engine="torch" if model.engine == "auto" and engine != "torch" else None,
         dtype="float32" if model.dtype == "auto" else model.dtype,
@@ -64,14 +75,16 @@ def _detect_kind(transformer_dir: Path) -> str:
 
 
 def _engine(model: ModelConfig, kind: str, transformer_dir: Path) -> str:
-    """`engine = "auto"`: CTranslate2 for BERT embedders on the CPU at float32 when it is
+    """`engine = "auto"`: CTranslate2 for BERT embedders at float32 whose every device is a
+    CPU (a model's replicas run one engine, so they give the same vectors) when it is
     installed (measured here on all-MiniLM-L6-v2, 2 cores, in our server: 1.8x to 1.9x the
-    sentences/s of the torch engine under concurrent load, bench/RESULTS.md), torch for everything else. If the
-    chosen engine cannot load the model, the inference process falls back to torch."""
+    sentences/s of the torch engine under concurrent load, bench/RESULTS.md), torch for
+    everything else. If the chosen engine cannot load the model, the inference process
+    falls back to torch."""
     if model.engine != "auto":
         return model.engine
     config = json.loads((transformer_dir / "config.json").read_text())
-    if (kind == "embed" and model.device == "cpu" and model.dtype in ("auto", "float32")
+    if (kind == "embed" and all(devices.is_cpu(d) for d in model.devices) and model.dtype in ("auto", "float32")
             and config.get("model_type") == "bert"
             and config.get("position_embedding_type") == "absolute"  # what its converter requires
             and importlib.util.find_spec("ctranslate2") is not None):

@@ -8,11 +8,14 @@ is one module in this package plus one line in `ENGINES`.
 
 from __future__ import annotations
 
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Protocol
 
 import numpy as np
 
-from workers.models import ModelSpec
+from workers.models import ModelSpec, num_labels
 
 
 class Engine(Protocol):
@@ -27,3 +30,34 @@ class Engine(Protocol):
                 token_type_ids: np.ndarray) -> np.ndarray:
         """(n, longest) int64 ids, mask and token segments -> (n, dim) float32."""
         ...
+
+
+@dataclass(frozen=True)
+class Outputs:
+    """What an engine's rows are, read from the model's config.json: for an embedder the
+    hidden size; for a reranker or classifier the head's labels and the activation that
+    sentence-transformers' CrossEncoder (one label) or transformers' text-classification
+    pipeline (several) applies to its logits."""
+
+    dim: int
+    labels: list[str] = field(default_factory=list)
+    activation: str = "none"
+
+
+def model_outputs(spec: ModelSpec) -> Outputs:
+    config = json.loads((Path(spec.path) / "config.json").read_text())
+    if spec.kind == "embed":
+        return Outputs(int(config["hidden_size"]))
+    count = num_labels(config)
+    if spec.kind == "rerank" and count != 1:
+        raise ValueError(f"a reranker needs a head with one output; {spec.path} has {count}")
+    id2label = config.get("id2label") or {}
+    labels = [str(id2label.get(str(i), f"LABEL_{i}")) for i in range(count)]
+    saved = (config.get("sentence_transformers") or {}).get("activation_fn", "")
+    if saved.endswith("Identity"):
+        activation = "none"
+    elif saved.endswith("Sigmoid") or count == 1 or config.get("problem_type") == "multi_label_classification":
+        activation = "sigmoid"
+    else:
+        activation = "softmax"
+    return Outputs(count, labels, activation)

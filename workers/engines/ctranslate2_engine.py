@@ -4,18 +4,16 @@ requested quantisation and the library versions, and reused on later starts."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
-import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from workers.models import ModelSpec, cache_dir
+from workers import devices
+from workers.engines.artifacts import cached_build
+from workers.models import ModelSpec
 from workers.pooling import pool
 
 log = logging.getLogger(__name__)
@@ -30,28 +28,17 @@ def converted_model(spec: ModelSpec) -> tuple[Path, bool]:
     import ctranslate2
     import transformers
 
-    source = Path(spec.path)
-    fingerprint = hashlib.sha256(json.dumps({
-        "source": str(source.resolve()),
-        "files": sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in source.iterdir() if p.is_file()),
+    def convert(staging: Path) -> None:
+        from ctranslate2.converters import TransformersConverter
+
+        TransformersConverter(spec.path).convert(str(staging), quantization=COMPUTE_TYPES[spec.dtype], force=True)
+        log.info("converted %s to CTranslate2 (%s)", spec.name, spec.dtype)
+
+    return cached_build("ctranslate2", Path(spec.path), {
         "quantization": COMPUTE_TYPES[spec.dtype],
         "ctranslate2": ctranslate2.__version__,
         "transformers": transformers.__version__,
-    }, sort_keys=True).encode()).hexdigest()[:16]
-    target = cache_dir() / "ctranslate2" / f"{source.name}-{fingerprint}"
-    if (target / "model.bin").is_file():
-        return target, False
-    from ctranslate2.converters import TransformersConverter
-
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=".convert-"))
-    try:
-        TransformersConverter(str(source)).convert(str(staging), quantization=COMPUTE_TYPES[spec.dtype], force=True)
-        os.replace(staging, target)
-    except OSError:  # another process converted it meanwhile
-        shutil.rmtree(staging, ignore_errors=True)
-    log.info("converted %s to CTranslate2 (%s) in %s", spec.name, spec.dtype, target)
-    return target, True
+    }, convert)
 
 
 class CTranslate2Engine:
@@ -64,8 +51,9 @@ class CTranslate2Engine:
             raise ValueError(f"the ctranslate2 engine takes dtype {', '.join(COMPUTE_TYPES)}; got {spec.dtype}")
         folder, _ = converted_model(spec)
         self._spec = spec
-        self._encoder = ctranslate2.Encoder(str(folder), device=spec.device, compute_type=COMPUTE_TYPES[spec.dtype],
-                                            intra_threads=threads)
+        device, index = devices.ctranslate2_device(spec.device)
+        self._encoder = ctranslate2.Encoder(str(folder), device=device, device_index=index,
+                                            compute_type=COMPUTE_TYPES[spec.dtype], intra_threads=threads)
         config = json.loads((Path(spec.path) / "config.json").read_text())
         self.dim = int(config["hidden_size"])
         self.pad_id = int(config.get("pad_token_id") or 0)

@@ -11,9 +11,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from workers import devices
 from workers.engines import packed_bert
 from workers.engines.packed_bert import PackedBert
-from workers.models import ModelSpec, num_labels
+from workers.engines.base import model_outputs
+from workers.models import ModelSpec
 from workers.pooling import pool
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -29,27 +31,16 @@ class TorchEngine:
             raise ValueError(f"the torch engine takes dtype {', '.join(_DTYPES)}; got {spec.dtype}")
         torch.set_num_threads(threads)
         self._spec = spec
-        self._device = torch.device(spec.device)
+        self._device = torch.device(devices.torch_device(spec.device))
         config = json.loads((Path(spec.path) / "config.json").read_text())
         model_class = AutoModel if spec.kind == "embed" else AutoModelForSequenceClassification
-        self._model = model_class.from_pretrained(
-            spec.path, dtype=_DTYPES[spec.dtype], attn_implementation="sdpa"
-        ).to(self._device).eval()
+        # transformers picks SDPA attention where the architecture has it (MPNet has not).
+        self._model = model_class.from_pretrained(spec.path, dtype=_DTYPES[spec.dtype]).to(self._device).eval()
         self.pad_id = int(config.get("pad_token_id") or 0)
         self._takes_token_types = "token_type_ids" in inspect.signature(self._model.forward).parameters
-        if spec.kind == "embed":
-            self.dim = int(config["hidden_size"])
-            self.labels: list[str] = []
-            self.activation = "none"
-            body = self._model
-        else:
-            self.dim = num_labels(config)
-            if spec.kind == "rerank" and self.dim != 1:
-                raise ValueError(f"a reranker needs a head with one output; {spec.path} has {self.dim}")
-            id2label = self._model.config.id2label
-            self.labels = [str(id2label.get(i, f"LABEL_{i}")) for i in range(self.dim)]
-            self.activation = _activation(config, self.dim)
-            body = getattr(self._model, "bert", None)
+        outputs = model_outputs(spec)
+        self.dim, self.labels, self.activation = outputs.dim, outputs.labels, outputs.activation
+        body = self._model if spec.kind == "embed" else getattr(self._model, "bert", None)
         self._packed = PackedBert(body) if body is not None and packed_bert.supports(body) else None
 
     @torch.inference_mode()
@@ -76,13 +67,3 @@ class TorchEngine:
         output = self._model(**inputs)
         return output.last_hidden_state if self._spec.kind == "embed" else output.logits
 
-
-def _activation(config: dict, labels: int) -> str:
-    """What sentence-transformers' CrossEncoder (one label) or transformers' text
-    classification pipeline (several) applies to the logits."""
-    saved = (config.get("sentence_transformers") or {}).get("activation_fn", "")
-    if saved.endswith("Identity"):
-        return "none"
-    if saved.endswith("Sigmoid") or labels == 1 or config.get("problem_type") == "multi_label_classification":
-        return "sigmoid"
-    return "softmax"
