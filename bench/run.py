@@ -398,8 +398,10 @@ def _parse_args() -> argparse.Namespace:
         "--target", action="append", choices=sorted(TARGETS), default=[],
         help="server to benchmark; repeat for several (default: infinity-torch)",
     )  # fmt: skip
-    parser.add_argument("--cmd", help="custom server command; {port} and {model_dir} substituted")
-    parser.add_argument("--name", default="custom", help="label for --cmd in the table")
+    parser.add_argument("--cmd", action="append", default=[],
+                        help="custom server command; {port} and {model_dir} substituted; repeat for several")
+    parser.add_argument("--name", action="append", default=[],
+                        help="label of the --cmd at the same position in the table (default custom-N)")
     parser.add_argument("--loads", default=DEFAULT_LOADS, help="BATCHxCONCURRENCY list")
     parser.add_argument("--duration", type=float, default=20.0, help="measured seconds per load")
     parser.add_argument("--warmup", type=float, default=3.0, help="discarded seconds per load")
@@ -430,8 +432,9 @@ def main() -> int:
     signal.signal(signal.SIGTERM, _raise_exit)
     shapes = parse_loads(args.loads)
     targets = [TARGETS[name] for name in args.target]
-    if args.cmd:
-        targets.append(Target(args.name, shlex.split(args.cmd)))
+    for index, command in enumerate(args.cmd):
+        name = args.name[index] if index < len(args.name) else f"custom-{index + 1}"
+        targets.append(Target(name, shlex.split(command)))
     args.model_dir = str(model_dir())
     OUT_DIR.mkdir(parents=True, exist_ok=True)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")

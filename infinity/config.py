@@ -37,8 +37,9 @@ class ModelConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     kind: ModelKind = "auto"
     # One device, or several: one replica of the model on each (see workers/devices.py).
     device: str | list[str] = "cpu"
-    engine: Literal["torch", "ctranslate2", "auto"] = "auto"
-    # int8 and int8_float16: CTranslate2 only.
+    engine: Literal["torch", "onnx", "ctranslate2", "auto"] = "auto"
+    # Each engine takes some: torch float32|float16|bfloat16, onnx float32|int8 (CPU)|float16 (CUDA),
+    # ctranslate2 float32|float16|int8|int8_float16; others fail the start naming the engine.
     dtype: Literal["float32", "float16", "bfloat16", "int8", "int8_float16", "auto"] = "auto"
     # None: from the model folder (sentence-transformers Pooling / Normalize modules).
     pooling: Pooling | None = None

@@ -1,12 +1,17 @@
-"""The torch engine's padding-free BERT forward against the transformers module's own."""
+"""Engines against each other: the torch engine's padding-free BERT forward against the
+transformers module's own, and every engine on every encoder family and model kind
+against the torch engine (itself checked against sentence-transformers and the
+transformers pipeline in the end-to-end tests)."""
 
+import importlib.util
 import json
 
 import numpy as np
+import pytest
 import torch
 
 from infinity.config import ModelConfig
-from tests.tiny_models import save_tiny_bert
+from tests.tiny_models import FAMILIES, save_tiny_bert, save_tiny_family_model
 from workers.engines import load_engine
 from workers.models import resolve_model
 
@@ -33,3 +38,35 @@ def test_packed_bert_equals_the_padded_module_forward(tmp_path):
     keep = torch.from_numpy(mask).bool()
     torch.testing.assert_close(packed[keep], padded[keep], atol=1e-5, rtol=1e-4)
     assert (packed[~keep] == 0).all()
+
+
+# engine -> the module it needs; families CTranslate2 has no converter for.
+_OPTIONAL = {"onnx": "onnxruntime", "ctranslate2": "ctranslate2"}
+_UNSUPPORTED = {("ctranslate2", "mpnet")}
+
+
+@pytest.mark.parametrize("engine", sorted(_OPTIONAL))
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("labels", [0, 1, 3], ids=["embed", "rerank", "classify"])
+def test_every_engine_family_and_kind_matches_the_torch_engine(tmp_path, monkeypatch, engine, family, labels):
+    if importlib.util.find_spec(_OPTIONAL[engine]) is None:
+        pytest.skip(f"{_OPTIONAL[engine]} is not installed")
+    monkeypatch.setenv("INFINITY_CACHE_DIR", str(tmp_path / "cache"))
+    folder = save_tiny_family_model(tmp_path / family, family, labels)
+    pad = 0 if family == "bert" else 1
+    ids = np.array([[2, 5, 6, 7, 8, 3, 9, 10], [2, 9, 10, 3, pad, pad, pad, pad]], dtype=np.int64)
+    mask = np.array([[1] * 8, [1] * 4 + [0] * 4], dtype=np.int64)
+    types = np.zeros_like(ids)
+    if family == "bert" and labels:
+        types[0, 6:] = 1  # a pair's second segment
+    specs = {name: resolve_model(ModelConfig(name="tiny", source=str(folder), engine=name))
+             for name in ("torch", engine)}
+    assert specs[engine].kind == ("embed", "rerank", "classify")[[0, 1, 3].index(labels)]
+    if (engine, family) in _UNSUPPORTED:
+        with pytest.raises(ValueError, match=f"is {family}"):
+            load_engine(specs[engine], 1)
+        return
+    reference, tested = (load_engine(specs[name], 1) for name in ("torch", engine))
+    assert (tested.dim, tested.labels, tested.activation) == (reference.dim, reference.labels, reference.activation)
+    expected = reference.forward(ids, mask, types)
+    np.testing.assert_allclose(tested.forward(ids, mask, types), expected, atol=2e-5)

@@ -105,6 +105,20 @@ def save_tiny_classifier(folder: Path, seed: int = 1, labels: tuple[str, ...] = 
     return save_tiny_sequence_classifier(folder, labels, seed=seed, model_max_length=model_max_length)
 
 
+def assert_reranks_like_cross_encoder(server, model: str, folder: Path) -> None:
+    """A few pairs served by `model` score as sentence-transformers' CrossEncoder scores
+    them on the same folder."""
+    import numpy as np
+    from sentence_transformers import CrossEncoder
+
+    query, documents = "the quick fox", ["a lazy dog", "quick brown fox jumps", "seven wizards judge boxing"]
+    response = server.post("/v1/rerank", {"model": model, "query": query, "documents": documents})
+    assert response.status_code == 200, response.text
+    served = {r["index"]: r["relevance_score"] for r in response.json()["results"]}
+    expected = CrossEncoder(str(folder), device="cpu").predict([(query, d) for d in documents])
+    np.testing.assert_allclose([served[i] for i in range(len(documents))], expected, atol=1e-5)
+
+
 # --- one server for the scoring tests: the default embedder, a reranker, a classifier -------
 
 RERANKER_NAME = "tiny-reranker"
@@ -151,3 +165,28 @@ def scoring_text(rng, words: int) -> str:
     """`words` words drawn by `rng` (a random.Random) from SCORING_WORDS, some capitalised."""
     picked = [rng.choice(SCORING_WORDS) for _ in range(words)]
     return " ".join(w.capitalize() if rng.random() < 0.1 else w for w in picked)
+
+
+# --- the encoder families every engine is checked on -----------------------------------------
+
+FAMILIES = ("bert", "xlm-roberta", "mpnet")
+
+
+def save_tiny_family_model(folder: Path, family: str, num_labels: int = 0, seed: int = 0) -> Path:
+    """A 2-layer encoder of `family` (hidden size 32, vocabulary 200), random weights from
+    `seed`: a plain encoder (an embedder) with `num_labels=0`, else with a
+    sequence-classification head of that many labels, with the WordPiece tokenizer (engine
+    tests feed token ids directly; converters read the vocabulary)."""
+    from transformers import AutoConfig, AutoModel, AutoModelForSequenceClassification
+
+    tokenizer = train_tokenizer()
+    save_hf_tokenizer(tokenizer, folder, 64)
+    pad = 0 if family == "bert" else 1
+    config = AutoConfig.for_model(family, vocab_size=tokenizer.get_vocab_size(), hidden_size=32, num_hidden_layers=2,
+                                  num_attention_heads=2, intermediate_size=64, max_position_embeddings=66,
+                                  pad_token_id=pad, initializer_range=0.4,
+                                  **({"num_labels": num_labels} if num_labels else {}))
+    torch.manual_seed(seed)
+    model_class = AutoModelForSequenceClassification if num_labels else AutoModel
+    model_class.from_config(config).eval().save_pretrained(folder)
+    return folder

@@ -86,7 +86,8 @@ def _engine(model: ModelConfig, kind: str, transformer_dir: Path) -> str:
     config = json.loads((transformer_dir / "config.json").read_text())
     if (kind == "embed" and all(devices.is_cpu(d) for d in model.devices) and model.dtype in ("auto", "float32")
             and config.get("model_type") == "bert"
-            and config.get("position_embedding_type") == "absolute"  # what its converter requires
+            # What its converter requires; transformers 5 writes no key: absolute positions.
+            and config.get("position_embedding_type", "absolute") == "absolute"
             and importlib.util.find_spec("ctranslate2") is not None):
         return "ctranslate2"
     return "torch"

@@ -16,6 +16,7 @@ log = logging.getLogger(__name__)
 ENGINES = {
     "torch": "workers.engines.torch_engine:TorchEngine",
     "ctranslate2": "workers.engines.ctranslate2_engine:CTranslate2Engine",
+    "onnx": "workers.engines.onnx_engine:OnnxEngine",
 }
 
 

@@ -1,11 +1,16 @@
-"""CTranslate2 engine for embedding models: the transformers model is converted once into
-CTranslate2's format, cached under the cache directory keyed by the model's files, the
-requested quantisation and the library versions, and reused on later starts."""
+"""CTranslate2 engine for embedders, rerankers and classifiers of the BERT and RoBERTa
+families: the transformers model is converted once into CTranslate2's format, cached
+under the cache directory keyed by the model's files, the requested quantisation and the
+library versions, and reused on later starts. A classifier's head runs in torch on the
+encoder's output."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -13,11 +18,14 @@ import torch
 
 from workers import devices
 from workers.engines.artifacts import cached_build
+from workers.engines.base import model_outputs
 from workers.models import ModelSpec
 from workers.pooling import pool
 
 log = logging.getLogger(__name__)
 
+# model_type values of the families CTranslate2 converts (and whose heads `_classification_head` knows).
+FAMILIES = ("bert", "roberta", "xlm-roberta", "camembert")
 # dtype in models.toml -> CTranslate2 compute type (and the quantisation stored on disk).
 COMPUTE_TYPES = {"float32": "float32", "float16": "float16", "int8": "int8", "int8_float16": "int8_float16"}
 
@@ -31,7 +39,9 @@ def converted_model(spec: ModelSpec) -> tuple[Path, bool]:
     def convert(staging: Path) -> None:
         from ctranslate2.converters import TransformersConverter
 
-        TransformersConverter(spec.path).convert(str(staging), quantization=COMPUTE_TYPES[spec.dtype], force=True)
+        with _converter_view(Path(spec.path)) as source:
+            TransformersConverter(str(source)).convert(str(staging), quantization=COMPUTE_TYPES[spec.dtype],
+                                                       force=True)
         log.info("converted %s to CTranslate2 (%s)", spec.name, spec.dtype)
 
     return cached_build("ctranslate2", Path(spec.path), {
@@ -41,34 +51,69 @@ def converted_model(spec: ModelSpec) -> tuple[Path, bool]:
     }, convert)
 
 
+@contextlib.contextmanager
+def _converter_view(source: Path) -> Iterator[Path]:
+    """`source` as CTranslate2's converter can read it. Its BERT and RoBERTa loaders assert
+    `config.position_embedding_type == "absolute"`, a key transformers 5 no longer writes
+    (its BERT-family models only have absolute positions); for such a folder, a temporary
+    view with the key added to config.json and every other file linked."""
+    config = json.loads((source / "config.json").read_text())
+    if "position_embedding_type" in config:
+        yield source
+        return
+    with tempfile.TemporaryDirectory(prefix="infinity-ct2-source-") as view:
+        for path in source.iterdir():
+            if path.name != "config.json":
+                (Path(view) / path.name).symlink_to(path.resolve())
+        (Path(view) / "config.json").write_text(json.dumps({**config, "position_embedding_type": "absolute"}))
+        yield Path(view)
+
+
 class CTranslate2Engine:
     def __init__(self, spec: ModelSpec, threads: int) -> None:
         import ctranslate2
 
-        if spec.kind != "embed":
-            raise ValueError(f"the ctranslate2 engine serves embedding models; '{spec.name}' is a {spec.kind} model")
         if spec.dtype not in COMPUTE_TYPES:
             raise ValueError(f"the ctranslate2 engine takes dtype {', '.join(COMPUTE_TYPES)}; got {spec.dtype}")
+        config = json.loads((Path(spec.path) / "config.json").read_text())
+        if config.get("model_type") not in FAMILIES:
+            raise ValueError(f"the ctranslate2 engine serves the {', '.join(FAMILIES)} families; '{spec.name}' "
+                             f"is {config.get('model_type')} (use engine = \"onnx\" or \"torch\")")
+        self._head = None if spec.kind == "embed" else _classification_head(spec, config["model_type"])
         folder, _ = converted_model(spec)
         self._spec = spec
         device, index = devices.ctranslate2_device(spec.device)
         self._encoder = ctranslate2.Encoder(str(folder), device=device, device_index=index,
                                             compute_type=COMPUTE_TYPES[spec.dtype], intra_threads=threads)
-        config = json.loads((Path(spec.path) / "config.json").read_text())
-        self.dim = int(config["hidden_size"])
         self.pad_id = int(config.get("pad_token_id") or 0)
-        self.labels: list[str] = []
-        self.activation = "none"
+        outputs = model_outputs(spec)
+        self.dim, self.labels, self.activation = outputs.dim, outputs.labels, outputs.activation
 
+    @torch.inference_mode()
     def forward(self, input_ids: np.ndarray, attention_mask: np.ndarray,
                 token_type_ids: np.ndarray) -> np.ndarray:
         import ctranslate2
 
         lengths = attention_mask.sum(axis=1).astype(np.int32)
+        # Segment ids matter for the second text of a pair; plain texts are all segment 0.
+        types = token_type_ids.tolist() if token_type_ids.any() else None
         output = self._encoder.forward_batch(ctranslate2.StorageView.from_array(input_ids.astype(np.int32)),
-                                             ctranslate2.StorageView.from_array(lengths))
+                                             ctranslate2.StorageView.from_array(lengths), types)
+        if self._head is not None:
+            return self._head(output).float().numpy()
         hidden = torch.from_numpy(np.asarray(output.last_hidden_state))
         vectors = pool(self._spec.pooling, hidden, torch.from_numpy(attention_mask)).float()
         if self._spec.normalize:
             vectors = torch.nn.functional.normalize(vectors, p=2, dim=1)
         return vectors.numpy()
+
+
+def _classification_head(spec: ModelSpec, model_type: str) -> Callable[[object], torch.Tensor]:
+    """The sequence-classification head, run in torch on CTranslate2's encoder output: for
+    BERT a linear layer on the pooler output (which CTranslate2 computes), for the RoBERTa
+    family dense + tanh + projection on the first token's hidden state."""
+    from transformers import AutoModelForSequenceClassification
+
+    head = AutoModelForSequenceClassification.from_pretrained(spec.path, dtype=torch.float32).eval().classifier
+    output_field = "pooler_output" if model_type == "bert" else "last_hidden_state"
+    return lambda output: head(torch.from_numpy(np.asarray(getattr(output, output_field))).float())
