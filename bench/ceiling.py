@@ -58,14 +58,16 @@ def measure(
     chunk: int,
     corpus_size: int,
     seed: int,
+    device: str = "cpu",
 ) -> CeilingResult:
-    """Load the model on CPU with ``threads`` torch threads and measure both paths."""
+    """Load the model on ``device`` (on the CPU with ``threads`` torch threads) and measure
+    both paths."""
     # Imported here so that ``--help`` stays fast and threads are set before any work.
     import sentence_transformers
     import torch
 
     torch.set_num_threads(threads)
-    model = sentence_transformers.SentenceTransformer(str(model_path), device="cpu")
+    model = sentence_transformers.SentenceTransformer(str(model_path), device=device)
     texts = sentences(corpus_size, seed)
 
     def encode(batch: list[str]) -> None:
@@ -110,6 +112,7 @@ def _parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", type=Path, help="model folder (default: the bundled one)")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="torch threads")
+    parser.add_argument("--device", default="cpu", help="torch device of the reference model (cpu, cuda)")
     parser.add_argument("--duration", type=float, default=20.0, help="batch-path seconds")
     parser.add_argument("--single-duration", type=float, default=5.0, help="single-path seconds")
     parser.add_argument("--chunk", type=int, default=1024, help="texts per encode() call")
@@ -128,6 +131,7 @@ def main() -> None:
     result = measure(
         model_path=args.model or model_dir(),
         threads=args.threads,
+        device=args.device,
         duration=args.duration,
         single_duration=args.single_duration,
         chunk=args.chunk,

@@ -20,7 +20,7 @@ from workers.engines import load_engine
 from workers.models import resolve_model
 
 
-def _pad(group: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def pad_batch(group: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     ids = np.zeros((len(group), max(len(x) for x in group)), dtype=np.int64)
     mask = np.zeros_like(ids)
     for row, x in enumerate(group):
@@ -52,7 +52,7 @@ def main() -> None:
         "cost-model passes, padded": (args.overhead, False),
         "cost-model passes, padding-free": (args.overhead, True),
     }
-    engine.forward(*_pad(groups[0]))  # warm-up
+    engine.forward(*pad_batch(groups[0]))  # warm-up
     print("| how a group runs | sentences/s |\n|---|---:|")
     for name, (overhead, padding_free) in strategies.items():
         engine._packed = packed if padding_free else None
@@ -60,7 +60,7 @@ def main() -> None:
         for group in groups:
             passes = [(0, len(group) - 1)] if overhead is None else split_by_cost([len(x) for x in group], overhead)
             for first, last in passes:
-                engine.forward(*_pad(group[first:last + 1]))
+                engine.forward(*pad_batch(group[first:last + 1]))
         print(f"| {name} | {args.groups * args.size / (time.perf_counter() - start):.1f} |")
 
 

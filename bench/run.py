@@ -197,6 +197,7 @@ def run_ceiling(args: argparse.Namespace) -> dict[str, float]:
     command = [
         sys.executable, "-m", "bench.ceiling", "--json",
         "--threads", str(args.threads),
+        "--device", args.device,
         "--duration", str(args.ceiling_duration),
         "--chunk", str(args.ceiling_chunk),
     ]  # fmt: skip
@@ -408,6 +409,7 @@ def _parse_args() -> argparse.Namespace:
     parser.add_argument("--encoding-format", choices=("float", "base64"), default="float")
     parser.add_argument("--model", default=DEFAULT_MODEL, help="model name sent in requests")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="ceiling threads")
+    parser.add_argument("--device", default="cpu", help="device of the in-process ceiling (cpu, cuda)")
     parser.add_argument("--ceiling-duration", type=float, default=20.0)
     parser.add_argument("--ceiling-chunk", type=int, default=1024, help="texts per encode() call")
     parser.add_argument("--health-timeout", type=float, default=300.0, help="seconds")

@@ -50,6 +50,8 @@ class ModelConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     # similar length; measured on CPU, 64 beat 32 by about 10% at 64 concurrent clients.
     max_batch_tokens: int = 16384
     max_batch_size: int = 64
+    # torch engine only: run the model through torch.compile (slower start, faster passes on GPUs).
+    compile: bool = False
 
     def __post_init__(self) -> None:
         if self.max_length is not None and self.max_length < 2:

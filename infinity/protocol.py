@@ -38,6 +38,7 @@ class ModelSpec(msgspec.Struct, frozen=True):
     lowercase: bool  # sentence-transformers' do_lower_case: lower-case text before tokenizing
     max_batch_tokens: int
     max_batch_size: int
+    compile: bool  # torch.compile the torch engine's forward
 
 
 class WorkerArgs(msgspec.Struct, frozen=True):

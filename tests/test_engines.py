@@ -70,3 +70,52 @@ def test_every_engine_family_and_kind_matches_the_torch_engine(tmp_path, monkeyp
     assert (tested.dim, tested.labels, tested.activation) == (reference.dim, reference.labels, reference.activation)
     expected = reference.forward(ids, mask, types)
     np.testing.assert_allclose(tested.forward(ids, mask, types), expected, atol=2e-5)
+
+
+def _reference_varlen(q, k, v, bounds_q, bounds_k, longest_q, longest_k):
+    """flash-attn's variable-length attention, computed sequence by sequence with SDPA:
+    what the packed path must agree with (flash-attn itself needs a CUDA GPU)."""
+    assert bounds_q.dtype == torch.int32 and torch.equal(bounds_q, bounds_k) and longest_q == longest_k
+    assert int((bounds_q[1:] - bounds_q[:-1]).max()) == longest_q
+    out = torch.empty_like(q)
+    for start, end in zip(bounds_q[:-1].tolist(), bounds_q[1:].tolist()):
+        heads_first = [t[start:end].transpose(0, 1) for t in (q, k, v)]
+        out[start:end] = torch.nn.functional.scaled_dot_product_attention(*heads_first).transpose(0, 1)
+    return out
+
+
+def test_packed_bert_varlen_attention_path(tmp_path):
+    folder = save_tiny_bert(tmp_path / "tiny")
+    engine = load_engine(resolve_model(ModelConfig(name="tiny", source=str(folder), engine="torch")), threads=1)
+    assert engine._packed.varlen is None  # flash-attn only on CUDA in half precision
+    rng = np.random.default_rng(1)
+    lengths = [5, 31, 1, 12]
+    ids = np.zeros((len(lengths), max(lengths)), dtype=np.int64)
+    mask = np.zeros_like(ids)
+    for row, length in enumerate(lengths):
+        ids[row, :length] = rng.integers(5, 100, length)
+        mask[row, :length] = 1
+    padded = engine.forward(ids, mask, np.zeros_like(ids))
+    engine._packed.varlen = _reference_varlen
+    np.testing.assert_allclose(engine.forward(ids, mask, np.zeros_like(ids)), padded, atol=1e-5)
+
+
+def test_compiled_torch_engine_matches_eager(tmp_path):
+    folder = save_tiny_bert(tmp_path / "tiny")
+    rng = np.random.default_rng(2)
+    ids = rng.integers(5, 100, (3, 9)).astype(np.int64)
+    mask = np.ones_like(ids)
+    mask[1, 4:] = 0
+    outputs = []
+    for compiled in (False, True):
+        # With compile, "auto" picks the torch engine, the one that compiles.
+        spec = resolve_model(ModelConfig(name="tiny", source=str(folder), engine="auto" if compiled else "torch",
+                                         compile=compiled))
+        assert spec.engine == "torch"
+        outputs.append(load_engine(spec, threads=1).forward(ids, mask, np.zeros_like(ids)))
+    np.testing.assert_allclose(outputs[1], outputs[0], atol=1e-5)
+
+
+def test_compile_is_refused_by_other_engines():
+    with pytest.raises(ValueError, match="compile = true applies to the torch engine"):
+        load_engine(resolve_model(ModelConfig(name="e", engine="onnx", compile=True)), 1)

@@ -61,6 +61,7 @@ def resolve_model(model: ModelConfig) -> ModelSpec:
         lowercase=bool(_json_value(transformer_dir / "sentence_bert_config.json", "do_lower_case")),
         max_batch_tokens=model.max_batch_tokens,
         max_batch_size=model.max_batch_size,
+        compile=model.compile,
     )
 
 
@@ -83,6 +84,8 @@ def _engine(model: ModelConfig, kind: str, transformer_dir: Path) -> str:
     falls back to torch."""
     if model.engine != "auto":
         return model.engine
+    if model.compile:
+        return "torch"  # the only engine that compiles
     config = json.loads((transformer_dir / "config.json").read_text())
     if (kind == "embed" and all(devices.is_cpu(d) for d in model.devices) and model.dtype in ("auto", "float32")
             and config.get("model_type") == "bert"

@@ -22,6 +22,8 @@ ENGINES = {
 
 def load_engine(spec: ModelSpec, threads: int) -> Engine:
     """The spec's engine; if it fails and "auto" chose it, the fallback engine."""
+    if spec.compile and spec.engine != "torch":
+        raise ValueError(f"compile = true applies to the torch engine; '{spec.name}' runs on {spec.engine}")
     try:
         return _engine_class(spec.engine)(spec, threads)
     except Exception:

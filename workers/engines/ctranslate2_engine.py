@@ -18,7 +18,7 @@ import torch
 
 from workers import devices
 from workers.engines.artifacts import cached_build
-from workers.engines.base import model_outputs
+from workers.engines.base import Interleaved, model_outputs
 from workers.models import ModelSpec
 from workers.pooling import pool
 
@@ -83,15 +83,24 @@ class CTranslate2Engine:
         folder, _ = converted_model(spec)
         self._spec = spec
         device, index = devices.ctranslate2_device(spec.device)
+        # On the CPU, one single-threaded replica per core (sharing the weights), each batch
+        # split across them: measured on all-MiniLM-L6-v2, 2 cores, batches of 32 sorted by
+        # length, 276-304 against 234-239 sentences/s for one replica on 2 threads.
+        self._split = Interleaved(threads if device == "cpu" else 1)
         self._encoder = ctranslate2.Encoder(str(folder), device=device, device_index=index,
-                                            compute_type=COMPUTE_TYPES[spec.dtype], intra_threads=threads)
+                                            compute_type=COMPUTE_TYPES[spec.dtype],
+                                            intra_threads=1 if device == "cpu" else threads,
+                                            inter_threads=self._split.parts)
         self.pad_id = int(config.get("pad_token_id") or 0)
         outputs = model_outputs(spec)
         self.dim, self.labels, self.activation = outputs.dim, outputs.labels, outputs.activation
 
-    @torch.inference_mode()
     def forward(self, input_ids: np.ndarray, attention_mask: np.ndarray,
                 token_type_ids: np.ndarray) -> np.ndarray:
+        return self._split(self._encode, input_ids, attention_mask, token_type_ids)
+
+    @torch.inference_mode()
+    def _encode(self, input_ids: np.ndarray, attention_mask: np.ndarray, token_type_ids: np.ndarray) -> np.ndarray:
         import ctranslate2
 
         lengths = attention_mask.sum(axis=1).astype(np.int32)

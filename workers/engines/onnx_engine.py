@@ -23,7 +23,7 @@ import torch
 
 from workers import devices
 from workers.engines.artifacts import cached_build
-from workers.engines.base import model_outputs
+from workers.engines.base import Interleaved, model_outputs
 from workers.models import ModelSpec, cache_dir
 from workers.pooling import pool
 
@@ -171,11 +171,19 @@ class OnnxEngine:
         if spec.dtype == "float16" and devices.is_cpu(spec.device):
             raise ValueError("the onnx engine runs float16 on CUDA only; use float32 or int8 on the CPU")
         folder, _ = exported_model(spec)
+        on_cpu = devices.is_cpu(spec.device)
+        # On the CPU, each batch split across single-threaded runs of the session at once
+        # (`Interleaved`): measured 247 against 225 sentences/s for one run on 2 threads.
+        self._split = Interleaved(threads if on_cpu else 1)
         options = onnxruntime.SessionOptions()
-        options.intra_op_num_threads = threads
+        options.intra_op_num_threads = 1 if on_cpu else threads
         options.inter_op_num_threads = 1
         options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
         options.log_severity_level = 3
+        # Idle threads must not spin: on a small machine they would take the cores the
+        # front end and tokenizers need (measured: 149 against 213 sentences/s for 32-text
+        # requests at concurrency 8 on 2 cores).
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         self._session = onnxruntime.InferenceSession(str(folder / GRAPH), options, providers=providers(spec.device))
         self._inputs = [i.name for i in self._session.get_inputs()]
         self._spec = spec
@@ -186,6 +194,10 @@ class OnnxEngine:
 
     def forward(self, input_ids: np.ndarray, attention_mask: np.ndarray,
                 token_type_ids: np.ndarray) -> np.ndarray:
+        return self._split(self._encode, input_ids, attention_mask, token_type_ids)
+
+    @torch.inference_mode()
+    def _encode(self, input_ids: np.ndarray, attention_mask: np.ndarray, token_type_ids: np.ndarray) -> np.ndarray:
         given = {"input_ids": input_ids, "attention_mask": attention_mask, "token_type_ids": token_type_ids}
         (output,) = self._session.run(None, {name: given[name] for name in self._inputs})
         if self._spec.kind != "embed":

@@ -5,13 +5,26 @@ processed, a batch of mixed lengths then costs what its real tokens cost.
 
 It reuses the loaded transformers module's weights (query, key and value fused into one
 matrix), so results equal the module's own forward up to float rounding.
+
+Attention: by default scaled-dot-product attention over the padded (n, L) layout with a
+key mask. On CUDA in float16 / bfloat16 with the `flash-attn` package installed, the
+attention too runs on the packed tokens (flash-attn's variable-length kernel, sequences
+delimited by cumulative lengths), so no padded tensor is ever built.
 """
 
 from __future__ import annotations
 
+import importlib.util
+from collections.abc import Callable
+from functools import partial
+
 import torch
 from torch import nn
 from torch.nn import functional as F
+
+# flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k):
+# (tokens, heads, head_dim) each -> (tokens, heads, head_dim).
+VarlenAttention = Callable[..., torch.Tensor]
 
 
 def supports(model: nn.Module) -> bool:
@@ -37,11 +50,25 @@ class _Layer:
         self.out_norm = layer.output.LayerNorm
 
 
+def flash_varlen(device: torch.device, dtype: torch.dtype) -> VarlenAttention | None:
+    """flash-attn's variable-length attention, where it can run: CUDA, half precision,
+    the package installed."""
+    if device.type != "cuda" or dtype not in (torch.float16, torch.bfloat16):
+        return None
+    if importlib.util.find_spec("flash_attn") is None:
+        return None
+    from flash_attn import flash_attn_varlen_func
+
+    return flash_attn_varlen_func
+
+
 class PackedBert:
     def __init__(self, model: nn.Module) -> None:
         self._embeddings = model.embeddings
         self._layers = [_Layer(layer) for layer in model.encoder.layer]
         self._heads = model.config.num_attention_heads
+        weight = model.embeddings.word_embeddings.weight
+        self.varlen: VarlenAttention | None = flash_varlen(weight.device, weight.dtype)
 
     def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                  token_type_ids: torch.Tensor) -> torch.Tensor:
@@ -55,14 +82,32 @@ class PackedBert:
              + embeddings.position_embeddings(positions)
              + embeddings.token_type_embeddings(token_type_ids.view(-1)[tokens]))
         x = embeddings.LayerNorm(x)
-        key_mask = keep[:, None, None, :]
-        hidden = x.shape[-1]
-        head_dim = hidden // self._heads
+        if self.varlen is not None:
+            lengths = attention_mask.sum(dim=1, dtype=torch.int32)
+            bounds = F.pad(lengths.cumsum(0, dtype=torch.int32), (1, 0))
+            attend = partial(self._attend_packed, bounds=bounds, longest=int(lengths.max()))
+        else:
+            attend = partial(self._attend_padded, tokens=tokens, keep=keep)
         for layer in self._layers:
-            qkv = x.new_zeros(n * length, 3 * hidden).index_copy_(0, tokens, layer.qkv(x))
-            q, k, v = qkv.view(n, length, 3, self._heads, head_dim).permute(2, 0, 3, 1, 4)
-            context = F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask)
-            context = context.transpose(1, 2).reshape(n * length, hidden).index_select(0, tokens)
-            x = layer.attention_norm(layer.attention_out(context) + x)
+            x = layer.attention_norm(layer.attention_out(attend(layer.qkv(x))) + x)
             x = layer.out_norm(layer.out(layer.activation(layer.intermediate(x))) + x)
+        hidden = x.shape[-1]
         return x.new_zeros(n * length, hidden).index_copy_(0, tokens, x).view(n, length, hidden)
+
+    def _attend_padded(self, qkv: torch.Tensor, tokens: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+        """(tokens, 3 * hidden) -> (tokens, hidden): SDPA over the padded layout, keys masked."""
+        n, length = keep.shape
+        hidden = qkv.shape[-1] // 3
+        padded = qkv.new_zeros(n * length, 3 * hidden).index_copy_(0, tokens, qkv)
+        q, k, v = padded.view(n, length, 3, self._heads, hidden // self._heads).permute(2, 0, 3, 1, 4)
+        context = F.scaled_dot_product_attention(q, k, v, attn_mask=keep[:, None, None, :])
+        return context.transpose(1, 2).reshape(n * length, hidden).index_select(0, tokens)
+
+    def _attend_packed(self, qkv: torch.Tensor, bounds: torch.Tensor, longest: int) -> torch.Tensor:
+        """(tokens, 3 * hidden) -> (tokens, hidden): variable-length attention on the packed
+        tokens; the sequences are consecutive (each row's real tokens come first), so
+        `bounds` (cumulative lengths from 0) delimits them."""
+        hidden = qkv.shape[-1] // 3
+        q, k, v = qkv.view(-1, 3, self._heads, hidden // self._heads).unbind(1)
+        assert self.varlen is not None
+        return self.varlen(q, k, v, bounds, bounds, longest, longest).reshape(-1, hidden)

@@ -1,6 +1,6 @@
-"""PyTorch engine: a transformers encoder run eagerly with SDPA attention, padding-free
-(`packed_bert`) for BERT encoders, with a sequence-classification head for rerankers and
-classifiers."""
+"""PyTorch engine: a transformers encoder with SDPA attention (where the architecture has
+it), padding-free (`packed_bert`) for BERT encoders, with a sequence-classification head
+for rerankers and classifiers; optionally through `torch.compile` (`compile = true`)."""
 
 from __future__ import annotations
 
@@ -42,6 +42,11 @@ class TorchEngine:
         self.dim, self.labels, self.activation = outputs.dim, outputs.labels, outputs.activation
         body = self._model if spec.kind == "embed" else getattr(self._model, "bert", None)
         self._packed = PackedBert(body) if body is not None and packed_bert.supports(body) else None
+        if spec.compile:
+            # The module's own padded forward compiles whole; the padding-free one is cut into
+            # pieces by its data-dependent token selection, so it is not used.
+            self._model = torch.compile(self._model, dynamic=True)
+            self._packed = None
 
     @torch.inference_mode()
     def forward(self, input_ids: np.ndarray, attention_mask: np.ndarray,
