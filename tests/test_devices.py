@@ -165,7 +165,8 @@ def test_cpu_partitions_split_the_inference_cores(cpus, partitions, expected):
 def test_one_spec_per_device_and_the_auto_engine_sees_every_device():
     import importlib.util
 
-    cpu_engine = "ctranslate2" if importlib.util.find_spec("ctranslate2") else "torch"
+    cpu_engine = "ctranslate2" if importlib.util.find_spec("ctranslate2") else \
+        "onnx" if importlib.util.find_spec("onnxscript") else "torch"
     replicas = resolve_replicas(ModelConfig(name="d", device=["cpu:0", "cpu:1"]))
     assert [spec.device for spec in replicas] == ["cpu", "cpu:1"]
     assert {spec.engine for spec in replicas} == {cpu_engine}

@@ -91,14 +91,21 @@ def test_kind_is_detected_from_the_head_and_can_be_overridden(tmp_path):
 def test_auto_engine_rule(tmp_path):
     import importlib.util
 
-    has_ctranslate2 = importlib.util.find_spec("ctranslate2") is not None
-    assert resolve_model(ModelConfig(name="d")).engine == ("ctranslate2" if has_ctranslate2 else "torch")
+    from tests.tiny_models import save_tiny_cross_encoder, save_tiny_family_model
+
+    installed = {name: importlib.util.find_spec(module) is not None
+                 for name, module in (("ctranslate2", "ctranslate2"), ("onnx", "onnxscript"))}
+    converted = "onnx" if installed["onnx"] else "torch"  # what CTranslate2 cannot take
+    bert_family = "ctranslate2" if installed["ctranslate2"] else converted
+    assert resolve_model(ModelConfig(name="d")).engine == bert_family
+    assert resolve_model(ModelConfig(name="d", dtype="int8")).engine == bert_family
     assert resolve_model(ModelConfig(name="d", engine="torch")).engine == "torch"
     assert resolve_model(ModelConfig(name="d", dtype="bfloat16")).engine == "torch"
-    from tests.tiny_models import save_tiny_cross_encoder
-
+    assert resolve_model(ModelConfig(name="d", compile=True)).engine == "torch"
     reranker = save_tiny_cross_encoder(tmp_path / "reranker")
-    assert resolve_model(ModelConfig(name="r", source=str(reranker))).engine == "torch"
+    assert resolve_model(ModelConfig(name="r", source=str(reranker))).engine == bert_family
+    mpnet = save_tiny_family_model(tmp_path / "mpnet", "mpnet")
+    assert resolve_model(ModelConfig(name="m", source=str(mpnet))).engine == converted
 
 
 def test_auto_engine_falls_back_to_torch_when_its_choice_cannot_load(tmp_path):
@@ -107,10 +114,11 @@ def test_auto_engine_falls_back_to_torch_when_its_choice_cannot_load(tmp_path):
     from workers.engines import load_engine
     from workers.engines.torch_engine import TorchEngine
 
-    folder = save_tiny_bert(tmp_path / "tiny")
-    spec = resolve_model(ModelConfig(name="tiny", source=str(folder)))
-    assert spec.engine == "torch"  # no position_embedding_type in its config: ctranslate2 cannot convert it
-    forced = msgspec.structs.replace(spec, engine="ctranslate2", fallback_engine="torch")
+    from tests.tiny_models import save_tiny_family_model
+
+    folder = save_tiny_family_model(tmp_path / "mpnet", "mpnet")
+    spec = resolve_model(ModelConfig(name="mpnet", source=str(folder), engine="torch"))
+    forced = msgspec.structs.replace(spec, engine="ctranslate2", fallback_engine="torch")  # it has no MPNet converter
     assert isinstance(load_engine(forced, 1), TorchEngine)
     with pytest.raises(Exception):
         load_engine(msgspec.structs.replace(forced, fallback_engine=None), 1)

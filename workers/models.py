@@ -75,24 +75,31 @@ def _detect_kind(transformer_dir: Path) -> str:
     return "embed"
 
 
+# model_type values of the encoder families CTranslate2's converter handles (and whose
+# classification heads its engine knows).
+CTRANSLATE2_FAMILIES = ("bert", "roberta", "xlm-roberta", "camembert")
+
+
 def _engine(model: ModelConfig, kind: str, transformer_dir: Path) -> str:
-    """`engine = "auto"`: CTranslate2 for BERT embedders at float32 whose every device is a
-    CPU (a model's replicas run one engine, so they give the same vectors) when it is
-    installed (measured here on all-MiniLM-L6-v2, 2 cores, in our server: 1.8x to 1.9x the
-    sentences/s of the torch engine under concurrent load, bench/RESULTS.md), torch for
-    everything else. If the chosen engine cannot load the model, the inference process
-    falls back to torch."""
+    """`engine = "auto"`: on CPUs at float32 or int8, CTranslate2 for the families it
+    converts, else ONNX Runtime (any encoder torch exports), each only if its extra is
+    installed; torch for everything else (GPUs, other dtypes, `compile`). Measured here on
+    all-MiniLM-L6-v2, 2 cores, in our server (bench/RESULTS.md, "Engines"): CTranslate2
+    beats ONNX Runtime, which beats torch, at every load. If the chosen engine cannot load
+    the model, the inference process falls back to torch."""
     if model.engine != "auto":
         return model.engine
-    if model.compile:
-        return "torch"  # the only engine that compiles
+    if model.compile or not all(devices.is_cpu(d) for d in model.devices) or model.dtype not in ("auto", "float32",
+                                                                                                   "int8"):
+        return "torch"
     config = json.loads((transformer_dir / "config.json").read_text())
-    if (kind == "embed" and all(devices.is_cpu(d) for d in model.devices) and model.dtype in ("auto", "float32")
-            and config.get("model_type") == "bert"
+    if (config.get("model_type") in CTRANSLATE2_FAMILIES
             # What its converter requires; transformers 5 writes no key: absolute positions.
             and config.get("position_embedding_type", "absolute") == "absolute"
             and importlib.util.find_spec("ctranslate2") is not None):
         return "ctranslate2"
+    if importlib.util.find_spec("onnxruntime") is not None and importlib.util.find_spec("onnxscript") is not None:
+        return "onnx"
     return "torch"
 
 

@@ -19,13 +19,11 @@ import torch
 from workers import devices
 from workers.engines.artifacts import cached_build
 from workers.engines.base import Interleaved, model_outputs
-from workers.models import ModelSpec
+from workers.models import CTRANSLATE2_FAMILIES, ModelSpec
 from workers.pooling import pool
 
 log = logging.getLogger(__name__)
 
-# model_type values of the families CTranslate2 converts (and whose heads `_classification_head` knows).
-FAMILIES = ("bert", "roberta", "xlm-roberta", "camembert")
 # dtype in models.toml -> CTranslate2 compute type (and the quantisation stored on disk).
 COMPUTE_TYPES = {"float32": "float32", "float16": "float16", "int8": "int8", "int8_float16": "int8_float16"}
 
@@ -76,8 +74,8 @@ class CTranslate2Engine:
         if spec.dtype not in COMPUTE_TYPES:
             raise ValueError(f"the ctranslate2 engine takes dtype {', '.join(COMPUTE_TYPES)}; got {spec.dtype}")
         config = json.loads((Path(spec.path) / "config.json").read_text())
-        if config.get("model_type") not in FAMILIES:
-            raise ValueError(f"the ctranslate2 engine serves the {', '.join(FAMILIES)} families; '{spec.name}' "
+        if config.get("model_type") not in CTRANSLATE2_FAMILIES:
+            raise ValueError(f"the ctranslate2 engine serves the {', '.join(CTRANSLATE2_FAMILIES)} families; '{spec.name}' "
                              f"is {config.get('model_type')} (use engine = \"onnx\" or \"torch\")")
         self._head = None if spec.kind == "embed" else _classification_head(spec, config["model_type"])
         folder, _ = converted_model(spec)
