@@ -157,7 +157,8 @@ async def models(request: web.Request) -> web.Response:
             "max_length": model.spec.max_length,
             "devices": [replica.device for replica in model.replicas],
             # Each replica's readiness and the inputs it has computed (how the load spreads).
-            "replicas": [{"device": replica.device, "ready": replica.ready, "inputs": replica.served}
+            "replicas": [{"device": replica.device, "ready": replica.ready, "inputs": replica.served,
+                          "engine": replica.info.engine if replica.info else None}
                          for replica in model.replicas],
         })
     return web.json_response({"object": "list", "data": data})

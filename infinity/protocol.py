@@ -68,6 +68,7 @@ class ModelInfo(msgspec.Struct, frozen=True, array_like=True):
     # Shared-memory segment holding `slots` result vectors of `dim` float32 each.
     arena: str
     slots: int
+    engine: str  # the engine that loaded it ("auto" resolved, fallback applied)
 
 
 class Tokenize(msgspec.Struct, tag=True, array_like=True):

@@ -49,6 +49,8 @@ engine = "{engine}"
     first = start_server(config=config, env=env)
     converted = ENGINES[engine][1]
     assert first.log_text().count(converted) == 3  # one conversion per model and dtype
+    replicas = [r for model in first.get("/v1/models").json()["data"] for r in model["replicas"]]
+    assert [r["engine"] for r in replicas] == [engine] * 3
     texts = sentences[:80]
     float32 = [cosine(v, reference_vectors[i]) for i, v in enumerate(_served(first, "float32", texts))]
     assert min(float32) >= 0.9999

@@ -18,7 +18,7 @@ MESSAGES = [
     protocol.Cancel(5),
     protocol.Done(6, cancelled=True),
     protocol.Failed(7, 422, "too long", param="input"),
-    protocol.Ready("inference-cpu", 123, [protocol.ModelInfo("m", "embed", 384, 256, [], "none", "arena", 10)]),
+    protocol.Ready("inference-cpu", 123, [protocol.ModelInfo("m", "embed", 384, 256, [], "none", "arena", 10, "torch")]),
     protocol.StartupFailed("tokenizer-0", "boom"),
 ]
 

@@ -54,7 +54,8 @@ def main(args: protocol.WorkerArgs) -> None:
                          name="receiver").start()
         infos = [protocol.ModelInfo(spec.name, spec.kind, engines[spec.name].dim, spec.max_length,
                                     engines[spec.name].labels, engines[spec.name].activation,
-                                    arenas[spec.name].name, args.arena_slots) for spec in args.models]
+                                    arenas[spec.name].name, args.arena_slots, engines[spec.name].name)
+                 for spec in args.models]
         to_front.send(protocol.encode(protocol.Ready(args.name, os.getpid(), infos)))
         while True:  # until SIGTERM
             batch = scheduler.next_batch()

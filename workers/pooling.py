@@ -1,4 +1,5 @@
-"""Pooling of token embeddings into one vector per input (torch tensors, right padding)."""
+"""Pooling of token embeddings into one vector per input (torch tensors, right padding),
+and the embedding an engine returns: pooled, in float32, normalised if the model says so."""
 
 from __future__ import annotations
 
@@ -16,3 +17,9 @@ def pool(mode: str, hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch
         last = attention_mask.sum(dim=1) - 1
         return hidden[torch.arange(hidden.shape[0]), last]
     raise ValueError(f"unknown pooling {mode!r}")
+
+
+def embedding(mode: str, normalize: bool, hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """(n, L, d) token embeddings, (n, L) mask -> (n, d) float32 embeddings."""
+    vectors = pool(mode, hidden, attention_mask).float()
+    return torch.nn.functional.normalize(vectors, p=2, dim=1) if normalize else vectors

@@ -21,6 +21,7 @@ from workers.models import ModelSpec, num_labels
 
 
 class Engine(Protocol):
+    name: str  # its key in `ENGINES`
     dim: int  # floats per input
     pad_id: int
     labels: list[str]  # a classifier's labels by output index; empty for embedders

@@ -20,7 +20,7 @@ from workers import devices
 from workers.engines.artifacts import cached_build
 from workers.engines.base import Interleaved, model_outputs
 from workers.models import CTRANSLATE2_FAMILIES, ModelSpec
-from workers.pooling import pool
+from workers.pooling import embedding
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +68,8 @@ def _converter_view(source: Path) -> Iterator[Path]:
 
 
 class CTranslate2Engine:
+    name = "ctranslate2"
+
     def __init__(self, spec: ModelSpec, threads: int) -> None:
         import ctranslate2
 
@@ -109,10 +111,7 @@ class CTranslate2Engine:
         if self._head is not None:
             return self._head(output).float().numpy()
         hidden = torch.from_numpy(np.asarray(output.last_hidden_state))
-        vectors = pool(self._spec.pooling, hidden, torch.from_numpy(attention_mask)).float()
-        if self._spec.normalize:
-            vectors = torch.nn.functional.normalize(vectors, p=2, dim=1)
-        return vectors.numpy()
+        return embedding(self._spec.pooling, self._spec.normalize, hidden, torch.from_numpy(attention_mask)).numpy()
 
 
 def _classification_head(spec: ModelSpec, model_type: str) -> Callable[[object], torch.Tensor]:

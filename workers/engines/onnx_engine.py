@@ -25,7 +25,7 @@ from workers import devices
 from workers.engines.artifacts import cached_build
 from workers.engines.base import Interleaved, model_outputs
 from workers.models import ModelSpec, cache_dir
-from workers.pooling import pool
+from workers.pooling import embedding
 
 log = logging.getLogger(__name__)
 
@@ -163,6 +163,8 @@ def providers(device: str) -> list:
 
 
 class OnnxEngine:
+    name = "onnx"
+
     def __init__(self, spec: ModelSpec, threads: int) -> None:
         import onnxruntime
 
@@ -202,7 +204,5 @@ class OnnxEngine:
         (output,) = self._session.run(None, {name: given[name] for name in self._inputs})
         if self._spec.kind != "embed":
             return output.astype(np.float32, copy=False)
-        vectors = pool(self._spec.pooling, torch.from_numpy(output), torch.from_numpy(attention_mask)).float()
-        if self._spec.normalize:
-            vectors = torch.nn.functional.normalize(vectors, p=2, dim=1)
-        return vectors.numpy()
+        return embedding(self._spec.pooling, self._spec.normalize, torch.from_numpy(output),
+                         torch.from_numpy(attention_mask)).numpy()

@@ -16,12 +16,14 @@ from workers.engines import packed_bert
 from workers.engines.packed_bert import PackedBert
 from workers.engines.base import model_outputs
 from workers.models import ModelSpec
-from workers.pooling import pool
+from workers.pooling import embedding
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
 class TorchEngine:
+    name = "torch"
+
     def __init__(self, spec: ModelSpec, threads: int) -> None:
         from transformers import AutoModel, AutoModelForSequenceClassification
         from transformers.utils import logging as transformers_logging
@@ -54,9 +56,7 @@ class TorchEngine:
         ids, mask, types = (torch.from_numpy(a).to(self._device) for a in (input_ids, attention_mask, token_type_ids))
         if self._spec.kind == "embed":
             hidden = self._packed(ids, mask, types) if self._packed is not None else self._padded(ids, mask, types)
-            out = pool(self._spec.pooling, hidden, mask).float()
-            if self._spec.normalize:
-                out = torch.nn.functional.normalize(out, p=2, dim=1)
+            out = embedding(self._spec.pooling, self._spec.normalize, hidden, mask)
         elif self._packed is not None:  # BertForSequenceClassification: pooler, then classifier
             hidden = self._packed(ids, mask, types)
             out = self._model.classifier(self._model.bert.pooler(hidden)).float()
