@@ -174,6 +174,13 @@ def test_one_spec_per_device_and_the_auto_engine_sees_every_device():
     assert [(spec.device, spec.engine) for spec in mixed] == [("cpu", "torch"), ("cuda:0", "torch")]
 
 
+@pytest.mark.parametrize("device, dtype", [("cpu", "float32"), (["cuda:0", "cuda:1"], "float16"), ("rocm", "float16"),
+                                           ("mps", "float32"), (["cpu", "cuda"], "float32")])
+def test_auto_dtype_is_half_precision_on_gpus_only(device, dtype):
+    assert {spec.dtype for spec in resolve_replicas(ModelConfig(name="d", device=device))} == {dtype}
+    assert resolve_replicas(ModelConfig(name="d", device=device, dtype="bfloat16"))[0].dtype == "bfloat16"
+
+
 def test_requests_go_to_the_ready_replica_with_fewest_inputs():
     def replica(device: str, ready: bool, outstanding: int) -> Replica:
         made = Replica(device, types.SimpleNamespace(ready=ready))  # type: ignore[arg-type]
@@ -260,7 +267,7 @@ def test_two_cpu_replicas_share_the_load_and_cover_for_each_other(start_server, 
 def test_gpu_replicas_match_the_reference(start_server, sentences, reference_vectors):
     """float32 torch engine on every visible GPU (up to two), one replica each."""
     gpus = [f"cuda:{i}" for i in range(min(2, torch.cuda.device_count()))]
-    server = start_server(config=f'[[models]]\ndevice = {json.dumps(gpus)}\nengine = "torch"\n')
+    server = start_server(config=f'[[models]]\ndevice = {json.dumps(gpus)}\nengine = "torch"\ndtype = "float32"\n')
     assert {f"inference-{gpu}" for gpu in gpus} <= set(server.worker_pids())
     response = server.embed(sentences)
     assert response.status_code == 200, response.text

@@ -53,7 +53,7 @@ def resolve_model(model: ModelConfig) -> ModelSpec:
         device=model.devices[0],
         engine=(engine := _engine(model, kind, transformer_dir)),
         fallback_engine="torch" if model.engine == "auto" and engine != "torch" else None,
-        dtype="float32" if model.dtype == "auto" else model.dtype,
+        dtype=_dtype(model),
         pooling=pooling,
         normalize=normalize,
         max_length=_max_length(transformer_dir, model.max_length),
@@ -73,6 +73,15 @@ def _detect_kind(transformer_dir: Path) -> str:
     if any(a.endswith("ForSequenceClassification") for a in config.get("architectures") or []):
         return "rerank" if num_labels(config) == 1 else "classify"
     return "embed"
+
+
+def _dtype(model: ModelConfig) -> str:
+    """`dtype = "auto"`: float16 when every device is a CUDA or ROCm GPU (as TEI and
+    infinity serve there), float32 on CPUs and MPS."""
+    if model.dtype != "auto":
+        return model.dtype
+    on_gpus = all(devices.split(d)[0] in ("cuda", "rocm") for d in model.devices)
+    return "float16" if on_gpus else "float32"
 
 
 # model_type values of the encoder families CTranslate2's converter handles (and whose
