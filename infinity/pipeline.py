@@ -31,10 +31,15 @@ from infinity.protocol import ModelSpec
 from infinity.schemas import ModelInputs
 from infinity.supervisor import Child, plan_cpus, run_dir_prefix, usable_cpus
 from workers import devices, inference_worker, tokenizer_worker
+from workers.tokenization import ModelTokenizer, reply
 
 log = logging.getLogger(__name__)
 
 _STOP_TIMEOUT_S = 10.0
+# A request of one text up to this long (or one token-id sequence) is tokenized in the
+# front end: that costs it about what sending it to a tokenizer process and reading the
+# answer back does, and saves the request two process hops (about 0.7 ms; bench/RESULTS.md).
+INLINE_MAX_CHARS = 256
 _MAX_RESTART_DELAY_S = 30.0
 
 
@@ -101,7 +106,7 @@ class _Pending:
     model: ServedModel
     slots: list[int]
     future: asyncio.Future[Result]
-    holder: Child
+    holder: Child | None  # None: tokenized in the front end, not yet sent anywhere
     replica: Replica | None = None  # where it was sent to run
     prompt_tokens: int = 0
     truncated: int = 0
@@ -173,6 +178,7 @@ class Pipeline:
         plan = plan_cpus(usable_cpus(), server.tokenizer_workers, max(1, len(cpu_devices)))
         placement = dict(zip(cpu_devices, plan.cpu_partitions))
         first_specs = [model.spec for model in self.models.values()]
+        self._inline = self._inline_tokenizers(first_specs)
         self.tokenizers = [
             Child(self._args(f"tokenizer-{i}", first_specs, cpus, 1), tokenizer_worker.main)
             for i, cpus in enumerate(plan.tokenizer_cpus)
@@ -185,6 +191,22 @@ class Pipeline:
             self.inference.append(child)
             for spec in on_device:
                 self.models[spec.name].replicas.append(Replica(device, child))
+
+    @staticmethod
+    def _inline_tokenizers(specs: list[ModelSpec]) -> dict[str, ModelTokenizer]:
+        """Front-end tokenizers for small requests; not for rerankers, whose pairs are never
+        small; a model whose tokenizer does not load here is left to the tokenizer processes
+        (which report why at start)."""
+        tokenizers = {}
+        for spec in specs:
+            if spec.kind == "rerank":
+                continue
+            try:
+                tokenizers[spec.name] = ModelTokenizer(spec)
+            except Exception:
+                log.warning("model %s: no front-end tokenizer, every request goes to a tokenizer process",
+                            spec.name, exc_info=True)
+        return tokenizers
 
     def _endpoint(self, name: str) -> str:
         return f"ipc://{self._rundir}/{name.replace(':', '_')}"
@@ -221,21 +243,26 @@ class Pipeline:
         if not model.ready:
             raise APIError(503, f"model '{model.spec.name}' is not ready yet; retry shortly",
                            code="model_not_ready", headers={"Retry-After": "1"})
-        tokenizer = self._pick_tokenizer()
+        inline = self._inline.get(model.spec.name) if _small(inputs) else None
+        tokenizer = None if inline is not None else self._pick_tokenizer()
         slots = model.pool.take(len(inputs))
         if slots is None:
             raise APIError(429, f"model '{model.spec.name}' has {model.pool.capacity - model.pool.free} inputs "
                                 "queued, its limit; retry later", code="overloaded", headers={"Retry-After": "1"})
         self._next_id += 1
-        try:
-            tokenizer.send(protocol.Tokenize(self._next_id, model.spec.name, inputs.texts, inputs.token_ids,
-                                             inputs.query))
-        except Exception:
-            model.pool.give_back(slots)
-            raise
+        request = protocol.Tokenize(self._next_id, model.spec.name, inputs.texts, inputs.token_ids, inputs.query)
+        if tokenizer is not None:
+            try:
+                tokenizer.send(request)
+            except Exception:
+                model.pool.give_back(slots)
+                raise
+            self._outstanding[tokenizer.name] += 1
         pending = _Pending(self._next_id, model, slots, asyncio.get_running_loop().create_future(), tokenizer)
         self._pending[pending.request_id] = pending
-        self._outstanding[tokenizer.name] += 1
+        if inline is not None:
+            answer = reply(inline, request)
+            self._handlers[type(answer)](answer)
         try:
             return await pending.future
         except asyncio.CancelledError:
@@ -291,7 +318,8 @@ class Pipeline:
         pending = self._pending.get(message.request_id)
         if pending is None:
             return
-        self._outstanding[pending.holder.name] -= 1
+        if pending.holder is not None:
+            self._outstanding[pending.holder.name] -= 1
         model = pending.model
         if pending.abandoned:
             self._finish(pending, None)
@@ -394,3 +422,9 @@ class Pipeline:
     def _reap_all(self) -> None:
         for child in self.children:
             child.reap(_STOP_TIMEOUT_S)
+
+
+def _small(inputs: ModelInputs) -> bool:
+    """One input, cheap to tokenize: a text of at most `INLINE_MAX_CHARS`, or token ids."""
+    return len(inputs) == 1 and inputs.query is None and (inputs.texts is None
+                                                          or len(inputs.texts[0]) <= INLINE_MAX_CHARS)

@@ -201,6 +201,29 @@ def _assert_failed_quickly(results) -> None:
         assert after < FAIL_WITHIN_S, f"answered {after:.1f}s after the kill"
 
 
+def test_small_requests_are_tokenized_in_the_front_end(crash_server, sentences, reference_vectors):
+    """With the only tokenizer process stopped (SIGSTOP), a one-text request of a few words
+    is still answered: the front end tokenizes it. Two texts wait for the tokenizer."""
+    server = crash_server
+    tokenizer = server.worker_pids()["tokenizer-0"][-1]
+    with ThreadPoolExecutor(1) as pool:
+        os.kill(tokenizer, signal.SIGSTOP)
+        try:
+            waiting = pool.submit(server.embed, sentences[:2])
+            small = server.embed(sentences[3], timeout=20)
+            assert small.status_code == 200, small.text
+            assert_close(decode_embedding(small.json()["data"][0]["embedding"]), reference_vectors[3], "small")
+            tokens = server.embed([[101, 7592, 102]], timeout=20)  # one token-id sequence: also inline
+            assert tokens.status_code == 200 and tokens.json()["usage"]["prompt_tokens"] == 3
+            assert not waiting.done()
+        finally:
+            os.kill(tokenizer, signal.SIGCONT)
+        response = waiting.result(timeout=60)
+    assert response.status_code == 200, response.text
+    for i, item in enumerate(response.json()["data"]):
+        assert_close(decode_embedding(item["embedding"]), reference_vectors[i], f"input {i}")
+
+
 def test_kill_inference_child(crash_server, sentences, reference_vectors):
     server = crash_server
     mark = len(server.log_text())

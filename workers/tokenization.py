@@ -8,6 +8,7 @@ process pads each batch to its own longest input.
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import numpy as np
@@ -16,9 +17,23 @@ from tokenizers import Encoding, Tokenizer
 from infinity import protocol
 from workers.models import ModelSpec
 
+log = logging.getLogger(__name__)
+
 
 class InputError(ValueError):
     """A client input the model cannot take; answered with 422."""
+
+
+def reply(tokenizer: "ModelTokenizer", request: protocol.Tokenize) -> protocol.Tokenized | protocol.Failed:
+    """The answer to `request`: its tokens, a 422 for an input the model cannot take, or a
+    500 if the tokenizer itself fails (which must not take its process down)."""
+    try:
+        return tokenizer.tokenize(request)
+    except InputError as exc:
+        return protocol.Failed(request.request_id, 422, str(exc), param="input")
+    except Exception as exc:
+        log.exception("tokenizing request %d failed", request.request_id)
+        return protocol.Failed(request.request_id, 500, f"tokenization failed: {exc}")
 
 
 def load_tokenizer(spec: ModelSpec) -> Tokenizer:

@@ -7,7 +7,7 @@ import os
 
 from infinity import protocol
 from workers.process import start_child
-from workers.tokenization import InputError, ModelTokenizer
+from workers.tokenization import ModelTokenizer, reply
 
 log = logging.getLogger(__name__)
 
@@ -25,13 +25,6 @@ def main(args: protocol.WorkerArgs) -> None:
         while True:
             request = protocol.decode(inbox.recv())
             assert isinstance(request, protocol.Tokenize)
-            try:
-                reply = tokenizers[request.model].tokenize(request)
-            except InputError as exc:
-                reply = protocol.Failed(request.request_id, 422, str(exc), param="input")
-            except Exception as exc:  # a tokenizer bug must not take the process down
-                log.exception("tokenizing request %d failed", request.request_id)
-                reply = protocol.Failed(request.request_id, 500, f"tokenization failed: {exc}")
-            to_front.send(protocol.encode(reply))
+            to_front.send(protocol.encode(reply(tokenizers[request.model], request)))
     finally:
         context.destroy(linger=0)
