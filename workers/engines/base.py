@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
@@ -35,35 +34,29 @@ class Engine(Protocol):
         ...
 
 
-@dataclass(frozen=True)
-class Outputs:
-    """What an engine's rows are, read from the model's config.json: for an embedder the
-    hidden size; for a reranker or classifier the head's labels and the activation that
-    sentence-transformers' CrossEncoder (one label) or transformers' text-classification
-    pipeline (several) applies to its logits."""
-
-    dim: int
-    labels: list[str] = field(default_factory=list)
-    activation: str = "none"
-
-
-def model_outputs(spec: ModelSpec) -> Outputs:
+def describe(engine: Engine, spec: ModelSpec) -> None:
+    """Set what every engine reports of its model, read from config.json: the padding id;
+    for an embedder the hidden size; for a reranker or classifier the head's size, labels,
+    and the activation that sentence-transformers' CrossEncoder (one label) or
+    transformers' text-classification pipeline (several) applies to its logits."""
     config = json.loads((Path(spec.path) / "config.json").read_text())
+    engine.pad_id = int(config.get("pad_token_id") or 0)
     if spec.kind == "embed":
-        return Outputs(int(config["hidden_size"]))
+        engine.dim, engine.labels, engine.activation = int(config["hidden_size"]), [], "none"
+        return
     count = num_labels(config)
     if spec.kind == "rerank" and count != 1:
         raise ValueError(f"a reranker needs a head with one output; {spec.path} has {count}")
     id2label = config.get("id2label") or {}
-    labels = [str(id2label.get(str(i), f"LABEL_{i}")) for i in range(count)]
+    engine.dim = count
+    engine.labels = [str(id2label.get(str(i), f"LABEL_{i}")) for i in range(count)]
     saved = (config.get("sentence_transformers") or {}).get("activation_fn", "")
     if saved.endswith("Identity"):
-        activation = "none"
+        engine.activation = "none"
     elif saved.endswith("Sigmoid") or count == 1 or config.get("problem_type") == "multi_label_classification":
-        activation = "sigmoid"
+        engine.activation = "sigmoid"
     else:
-        activation = "softmax"
-    return Outputs(count, labels, activation)
+        engine.activation = "softmax"
 
 
 Encode = Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]

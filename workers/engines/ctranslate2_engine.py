@@ -18,7 +18,7 @@ import torch
 
 from workers import devices
 from workers.engines.artifacts import cached_build
-from workers.engines.base import Interleaved, model_outputs
+from workers.engines.base import Interleaved, describe
 from workers.models import CTRANSLATE2_FAMILIES, ModelSpec
 from workers.pooling import embedding
 
@@ -91,9 +91,7 @@ class CTranslate2Engine:
                                             compute_type=COMPUTE_TYPES[spec.dtype],
                                             intra_threads=1 if device == "cpu" else threads,
                                             inter_threads=self._split.parts)
-        self.pad_id = int(config.get("pad_token_id") or 0)
-        outputs = model_outputs(spec)
-        self.dim, self.labels, self.activation = outputs.dim, outputs.labels, outputs.activation
+        describe(self, spec)
 
     def forward(self, input_ids: np.ndarray, attention_mask: np.ndarray,
                 token_type_ids: np.ndarray) -> np.ndarray:

@@ -13,7 +13,6 @@ float16 (for CUDA: the graph in half precision, inputs and outputs kept as they 
 from __future__ import annotations
 
 import inspect
-import json
 import logging
 import warnings
 from pathlib import Path
@@ -23,7 +22,7 @@ import torch
 
 from workers import devices
 from workers.engines.artifacts import cached_build
-from workers.engines.base import Interleaved, model_outputs
+from workers.engines.base import Interleaved, describe
 from workers.models import ModelSpec, cache_dir
 from workers.pooling import embedding
 
@@ -189,10 +188,7 @@ class OnnxEngine:
         self._session = onnxruntime.InferenceSession(str(folder / GRAPH), options, providers=providers(spec.device))
         self._inputs = [i.name for i in self._session.get_inputs()]
         self._spec = spec
-        config = json.loads((Path(spec.path) / "config.json").read_text())
-        self.pad_id = int(config.get("pad_token_id") or 0)
-        outputs = model_outputs(spec)
-        self.dim, self.labels, self.activation = outputs.dim, outputs.labels, outputs.activation
+        describe(self, spec)
 
     def forward(self, input_ids: np.ndarray, attention_mask: np.ndarray,
                 token_type_ids: np.ndarray) -> np.ndarray:

@@ -5,8 +5,6 @@ for rerankers and classifiers; optionally through `torch.compile` (`compile = tr
 from __future__ import annotations
 
 import inspect
-import json
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -14,7 +12,7 @@ import torch
 from workers import devices
 from workers.engines import packed_bert
 from workers.engines.packed_bert import PackedBert
-from workers.engines.base import model_outputs
+from workers.engines.base import describe
 from workers.models import ModelSpec
 from workers.pooling import embedding
 
@@ -34,14 +32,11 @@ class TorchEngine:
         torch.set_num_threads(threads)
         self._spec = spec
         self._device = torch.device(devices.torch_device(spec.device))
-        config = json.loads((Path(spec.path) / "config.json").read_text())
         model_class = AutoModel if spec.kind == "embed" else AutoModelForSequenceClassification
         # transformers picks SDPA attention where the architecture has it (MPNet has not).
         self._model = model_class.from_pretrained(spec.path, dtype=_DTYPES[spec.dtype]).to(self._device).eval()
-        self.pad_id = int(config.get("pad_token_id") or 0)
         self._takes_token_types = "token_type_ids" in inspect.signature(self._model.forward).parameters
-        outputs = model_outputs(spec)
-        self.dim, self.labels, self.activation = outputs.dim, outputs.labels, outputs.activation
+        describe(self, spec)
         body = self._model if spec.kind == "embed" else getattr(self._model, "bert", None)
         self._packed = PackedBert(body) if body is not None and packed_bert.supports(body) else None
         if spec.compile:
