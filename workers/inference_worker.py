@@ -95,6 +95,7 @@ def _warm_up(engine: Engine, max_length: int) -> float:
 
 
 def _run(batch: Batch, engine: Engine, arena: Arena, scheduler: Scheduler, to_front: zmq.Socket) -> None:
+    log.debug("batch of %d inputs, %d x %d tokens", len(batch.items), *batch.input_ids.shape)
     try:
         vectors = engine.forward(batch.input_ids, batch.attention_mask, batch.token_type_ids)
     except Exception as exc:
