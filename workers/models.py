@@ -98,8 +98,8 @@ def _engine(model: ModelConfig, kind: str, transformer_dir: Path) -> str:
     the model, the inference process falls back to torch."""
     if model.engine != "auto":
         return model.engine
-    if model.compile or not all(devices.is_cpu(d) for d in model.devices) or model.dtype not in ("auto", "float32",
-                                                                                                   "int8"):
+    on_cpus = all(devices.is_cpu(d) for d in model.devices)
+    if model.compile or not on_cpus or model.dtype not in ("auto", "float32", "int8"):
         return "torch"
     config = json.loads((transformer_dir / "config.json").read_text())
     if (config.get("model_type") in CTRANSLATE2_FAMILIES
