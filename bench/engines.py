@@ -2,8 +2,9 @@
 does, without the server, for the same corpus the load generator sends.
 
 Two numbers per engine and dtype: sentences/s over the corpus cut into batches of 32 after
-sorting by length (the engines issue's "batch 32 sorted by length"), and the median time of
-one short sentence. The server's figures are read against these (bench/RESULTS.md).
+sorting by length (the engines issue's "batch 32 sorted by length"), run a batch per lane
+at once as the server runs them, and the median time of one short sentence. The server's
+figures are read against these (bench/RESULTS.md).
 
 Usage: .venv/bin/python -m bench.engines [--engine onnx:float32 ...] [--texts 2048] [--threads 2]
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 from tokenizers import Tokenizer
@@ -46,8 +48,8 @@ def main() -> None:
         for batch in batches[::8]:  # warm-up over the range of lengths
             engine.forward(*batch)
         start = time.perf_counter()
-        for batch in batches:
-            engine.forward(*batch)
+        with ThreadPoolExecutor(engine.lanes) as lanes:  # as the server runs it: a batch per free lane
+            list(lanes.map(lambda batch: engine.forward(*batch), batches))
         throughput = len(corpus) / (time.perf_counter() - start)
         one = pad_batch([corpus[len(corpus) // 4]])
         times = []

@@ -9,10 +9,11 @@ import pytest
 from workers.batching import Scheduler, split_by_cost
 
 
-def _scheduler(max_tokens: int = 1000, max_size: int = 32, overhead: float = 1e6) -> Scheduler:
-    """A scheduler; the default pass overhead is so high that only the budget splits."""
+def _scheduler(max_tokens: int = 1000, max_size: int = 32, overhead: float = 1e6, lanes: int = 100) -> Scheduler:
+    """A scheduler; the default pass overhead is so high that only the budget splits, and
+    the lanes so many that batches can be cut without finishing the ones before."""
     scheduler = Scheduler()
-    scheduler.add_model("m", max_tokens, max_size, pad_id=0, pass_overhead_tokens=overhead)
+    scheduler.add_model("m", max_tokens, max_size, pad_id=0, pass_overhead_tokens=overhead, lanes=lanes)
     return scheduler
 
 
@@ -94,7 +95,7 @@ def test_oldest_input_is_never_starved_by_shorter_arrivals():
 
 def test_models_take_turns_by_age():
     scheduler = _scheduler()
-    scheduler.add_model("other", 1000, 32, pad_id=1)
+    scheduler.add_model("other", 1000, 32, pad_id=1, lanes=100)
     _submit(scheduler, 1, [3], model="other")
     _submit(scheduler, 2, [3], model="m")
     assert scheduler.next_batch().model == "other"
@@ -104,8 +105,8 @@ def test_models_take_turns_by_age():
 def test_finish_reports_a_request_when_all_its_inputs_are_done():
     scheduler = _scheduler(max_size=2)
     _submit(scheduler, 1, [3, 3, 3])
-    assert scheduler.finish(scheduler.next_batch().items) == []
-    finished = scheduler.finish(scheduler.next_batch().items)
+    assert scheduler.finish(scheduler.next_batch()) == []
+    finished = scheduler.finish(scheduler.next_batch())
     assert [r.request_id for r in finished] == [1]
 
 
@@ -114,7 +115,7 @@ def test_cancel_drops_waiting_inputs():
     _submit(scheduler, 1, [3, 3, 3, 3])
     running = scheduler.next_batch()
     assert scheduler.cancel(1) == (2, False)  # two dropped, two still running
-    finished = scheduler.finish(running.items)
+    finished = scheduler.finish(running)
     assert [(r.request_id, r.cancelled) for r in finished] == [(1, True)]
     _submit(scheduler, 2, [1])
     assert [item.request.request_id for item in scheduler.next_batch().items] == [2]
@@ -127,12 +128,12 @@ def test_cancel_of_a_fully_waiting_request_finishes_it_at_once():
     assert scheduler.cancel(99) == (0, False)  # unknown: already finished
 
 
-def test_abandon_gives_up_the_whole_request():
+def test_a_failed_batch_fails_its_requests_and_drops_their_waiting_inputs():
     scheduler = _scheduler(max_size=1)
     _submit(scheduler, 1, [3, 3])
     _submit(scheduler, 2, [3])
-    batch = scheduler.next_batch()
-    assert scheduler.abandon(batch.items) == [1]
+    finished = scheduler.finish(scheduler.next_batch(), error="boom")
+    assert [(r.request_id, r.error) for r in finished] == [(1, "boom")]
     assert [item.request.request_id for item in scheduler.next_batch().items] == [2]
 
 
@@ -146,3 +147,99 @@ def test_next_batch_blocks_until_work_arrives():
     _submit(scheduler, 1, [2])
     thread.join(5)
     assert got and got[0].items[0].request.request_id == 1
+
+
+def _wait_in_threads(scheduler: Scheduler, count: int) -> tuple[list[threading.Thread], list]:
+    """`count` lanes blocked in next_batch (nothing queued yet); their batches land in the list."""
+    got = []
+    threads = [threading.Thread(target=lambda: got.append(scheduler.next_batch())) for _ in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(0.2)
+        assert thread.is_alive()
+    return threads, got
+
+
+def test_a_model_runs_no_more_batches_at_once_than_its_lanes():
+    scheduler = _scheduler(lanes=1)
+    _submit(scheduler, 1, [3])
+    running = scheduler.next_batch()
+    _submit(scheduler, 2, [3])
+    (thread,), got = _wait_in_threads(scheduler, 1)  # the model's one lane is busy
+    scheduler.finish(running)
+    thread.join(5)
+    assert [item.request.request_id for item in got[0].items] == [2]
+
+
+def test_a_batch_is_shared_with_idle_lanes_interleaved_by_length():
+    scheduler = _scheduler(lanes=2)
+    threads, got = _wait_in_threads(scheduler, 2)
+    _submit(scheduler, 1, [1, 5, 2, 4, 3])
+    for thread in threads:
+        thread.join(5)
+    assert sorted(batch.attention_mask.sum(axis=1).tolist() for batch in got) == [[1, 3, 5], [2, 4]]
+    assert sorted(batch.input_ids.shape[1] for batch in got) == [4, 5]  # each padded to its own longest
+
+
+def test_a_batch_is_not_shared_beyond_the_models_lanes():
+    scheduler = _scheduler(lanes=1)
+    threads, got = _wait_in_threads(scheduler, 2)
+    _submit(scheduler, 1, [1, 2, 3])
+    for thread in threads:
+        thread.join(0.5)
+    assert [batch.attention_mask.sum(axis=1).tolist() for batch in got] == [[1, 2, 3]]
+    _submit(scheduler, 2, [2])
+    waiting = next(thread for thread in threads if thread.is_alive())
+    waiting.join(0.2)
+    assert waiting.is_alive()  # the model's one lane is busy
+    scheduler.finish(got[0])
+    waiting.join(5)
+    assert [item.request.request_id for item in got[1].items] == [2]
+
+
+def test_a_failed_share_fails_its_request_once_every_share_has_finished():
+    scheduler = _scheduler(lanes=2)
+    threads, got = _wait_in_threads(scheduler, 2)
+    _submit(scheduler, 1, [1, 2, 3, 4])
+    for thread in threads:
+        thread.join(5)
+    first, second = got
+    assert scheduler.finish(first, error="boom") == []  # the other share still runs
+    assert [(r.request_id, r.error) for r in scheduler.finish(second)] == [(1, "boom")]
+
+
+class _Engine:
+    """Doubles each input's first id; fails on a batch holding the id 13."""
+
+    def forward(self, input_ids, attention_mask, token_type_ids):
+        if (input_ids == 13).any():
+            raise RuntimeError("bad batch")
+        return input_ids[:, :1].astype(np.float32) * 2
+
+
+class _Arena:
+    def __init__(self) -> None:
+        self.rows = np.zeros((1000, 1), dtype=np.float32)
+
+
+class _Sender:
+    def __init__(self) -> None:
+        self.sent = []
+
+    def send(self, message) -> None:
+        self.sent.append(message)
+
+
+def test_a_lane_writes_vectors_then_reports_done_or_the_failure():
+    from infinity import protocol
+    from workers.inference_worker import _run
+
+    scheduler, arena, sender = _scheduler(max_size=1), _Arena(), _Sender()
+    scheduler.submit(1, "m", np.array([7, 13], dtype=np.int32), [1, 1], [10, 11])
+    scheduler.submit(2, "m", np.array([5], dtype=np.int32), [1], [12])
+    for _ in range(2):  # 7 is written, then the batch of 13 fails and with it request 1
+        _run(scheduler.next_batch(), _Engine(), arena, scheduler, sender)
+    _run(scheduler.next_batch(), _Engine(), arena, scheduler, sender)
+    assert sender.sent == [protocol.Failed(1, 500, "inference failed: bad batch"), protocol.Done(2)]
+    assert arena.rows[10, 0] == 14 and arena.rows[12, 0] == 10

@@ -119,24 +119,3 @@ def test_compiled_torch_engine_matches_eager(tmp_path):
 def test_compile_is_refused_by_other_engines():
     with pytest.raises(ValueError, match="compile = true applies to the torch engine"):
         load_engine(resolve_model(ModelConfig(name="e", engine="onnx", compile=True)), 1)
-
-
-def test_interleaved_parts_come_back_in_row_order_trimmed_to_their_longest_input():
-    from workers.engines.base import Interleaved
-
-    lengths = np.array([1, 2, 3, 4, 6])
-    ids = np.repeat(np.arange(5)[:, None], 6, axis=1)
-    mask = (np.arange(6)[None, :] < lengths[:, None]).astype(np.int64)
-    widths = []
-
-    def encode(part_ids, part_mask, part_types):
-        widths.append(part_ids.shape[1])
-        assert part_mask.shape == part_types.shape == part_ids.shape
-        return np.stack([part_ids[:, 0], part_mask.sum(axis=1)], axis=1).astype(np.float32)
-
-    out = Interleaved(2)(encode, ids, mask, np.zeros_like(ids))
-    np.testing.assert_array_equal(out, np.stack([np.arange(5), lengths], axis=1))
-    assert sorted(widths) == [4, 6]  # rows 1 and 3 need 4 columns; rows 0, 2 and 4 need 6
-    widths.clear()
-    Interleaved(2)(encode, ids[:1], mask[:1], np.zeros_like(ids[:1]))
-    assert widths == [6]  # one row: one call, as given

@@ -10,8 +10,15 @@ for the next pass, where later arrivals may join them. There is no waiting windo
 batch is cut as soon as the engine is free, from whatever has arrived. Inputs of a
 cancelled request are dropped before they reach a batch.
 
-The scheduler is shared by the thread that receives requests and the thread that runs
-the engine; one lock guards it.
+An engine may run several forward passes at once, each on its own core (its `lanes`);
+the inference process then has one thread per lane, each cutting its own batch the moment
+it is free, so one lane's padding, result writing and messaging overlap the others'
+compute. When a lane cuts a batch while other lanes of the model wait idle, the batch is
+shared with them: rows i, i + k, i + 2k, ... of the length-sorted batch go to lane i, so
+the parts take about as long and a lone large request still uses every core.
+
+The scheduler is shared by the thread that receives requests and the lanes; one lock
+guards it.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ from __future__ import annotations
 import bisect
 import itertools
 import threading
+from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -30,6 +38,7 @@ class PendingRequest:
     model: str
     remaining: int
     cancelled: bool = False
+    error: str | None = None  # why it failed; it is reported once none of its inputs runs
 
 
 @dataclass(eq=False)
@@ -62,6 +71,8 @@ class _ModelQueue:
     max_batch_size: int
     pad_id: int
     pass_overhead_tokens: float
+    lanes: int
+    running: int = 0  # batches cut and not yet finished
     # Waiting items sorted by (length, seq); `oldest` finds the fairness anchor.
     by_length: list[tuple[int, int, Item]] = field(default_factory=list)
 
@@ -73,12 +84,15 @@ class Scheduler:
         self._seq = itertools.count()
         self._lock = threading.Lock()
         self._wakeup = threading.Condition(self._lock)
+        self._idle = 0  # lanes waiting in `next_batch`
+        self._shares: deque[tuple[str, list[Item]]] = deque()  # parts of a batch cut for idle lanes
 
     def add_model(self, name: str, max_batch_tokens: int, max_batch_size: int, pad_id: int,
-                  pass_overhead_tokens: float = 0.0) -> None:
+                  pass_overhead_tokens: float = 0.0, lanes: int = 1) -> None:
         """`pass_overhead_tokens`: the fixed cost of one forward pass, in tokens' worth of
-        compute; it decides when inputs of different lengths share a padded batch."""
-        self._queues[name] = _ModelQueue(max_batch_tokens, max_batch_size, pad_id, pass_overhead_tokens)
+        compute; it decides when inputs of different lengths share a padded batch.
+        `lanes`: how many of the model's batches may run at once."""
+        self._queues[name] = _ModelQueue(max_batch_tokens, max_batch_size, pad_id, pass_overhead_tokens, lanes)
 
     def submit(self, request_id: int, model: str, ids: np.ndarray, lengths: list[int],
                slots: list[int], type_ids: np.ndarray | None = None) -> None:
@@ -106,51 +120,65 @@ class Scheduler:
             if request is None:
                 return 0, False
             request.cancelled = True
-            queue = self._queues[request.model]
-            kept = [entry for entry in queue.by_length if entry[2].request is not request]
-            dropped = len(queue.by_length) - len(kept)
-            request.remaining -= dropped
-            queue.by_length = kept
+            dropped = self._drop_waiting(request)
             if request.remaining == 0:
                 del self._requests[request_id]
                 return dropped, True
             return dropped, False
 
     def next_batch(self) -> Batch:
-        """Block until inputs wait, then cut a batch."""
+        """Block until inputs wait for a free lane, then cut a batch."""
         with self._lock:
-            while (model := self._model_waiting_longest()) is None:
+            while not self._shares and (model := self._model_waiting_longest()) is None:
+                self._idle += 1
                 self._wakeup.wait()
-            queue = self._queues[model]
-            items = _cut(queue)
-        return _pad(model, items, queue.pad_id)
+                self._idle -= 1
+            if self._shares:
+                model, items = self._shares.popleft()
+            else:
+                queue = self._queues[model]
+                items = _cut(queue)
+                idle = self._idle - len(self._shares)  # lanes waiting and not yet handed a share
+                parts = 1 + max(0, min(idle, queue.lanes - queue.running - 1, len(items) - 1))
+                for i in range(1, parts):
+                    self._shares.append((model, items[i::parts]))
+                self._wakeup.notify(parts - 1)
+                items = items[::parts]
+                queue.running += parts
+        return _pad(model, items, self._queues[model].pad_id)
 
-    def finish(self, items: list[Item]) -> list[PendingRequest]:
-        """Account for computed items; return the requests now complete."""
+    def finish(self, batch: Batch, error: str | None = None) -> list[PendingRequest]:
+        """Account for a batch that ran (`error`: it failed, which fails its requests and
+        drops their waiting inputs); return the requests now complete, failed ones with
+        their `error`."""
         finished = []
         with self._lock:
-            for item in items:
+            self._queues[batch.model].running -= 1
+            for item in batch.items:
                 request = item.request
                 request.remaining -= 1
+                if error is not None and request.error is None:
+                    request.error = error
+                    self._drop_waiting(request)
                 if request.remaining == 0:
                     self._requests.pop(request.request_id, None)
                     finished.append(request)
+            self._wakeup.notify()  # a lane of this model is free
         return finished
 
-    def abandon(self, items: list[Item]) -> list[int]:
-        """Give up the requests of a failed batch, with their waiting inputs; return their ids."""
-        with self._lock:
-            requests = {id(item.request): item.request for item in items}.values()
-            for request in requests:
-                queue = self._queues[request.model]
-                queue.by_length = [e for e in queue.by_length if e[2].request is not request]
-                self._requests.pop(request.request_id, None)
-            return [request.request_id for request in requests]
+    def _drop_waiting(self, request: PendingRequest) -> int:
+        """Remove the request's inputs from its queue (lock held); return how many."""
+        queue = self._queues[request.model]
+        kept = [entry for entry in queue.by_length if entry[2].request is not request]
+        dropped = len(queue.by_length) - len(kept)
+        request.remaining -= dropped
+        queue.by_length = kept
+        return dropped
 
     def _model_waiting_longest(self) -> str | None:
         best, best_seq = None, None
         for name, queue in self._queues.items():
-            if queue.by_length:
+            if queue.by_length and queue.running < queue.lanes:
                 seq = min(entry[1] for entry in queue.by_length)
                 if best_seq is None or seq < best_seq:
                     best, best_seq = name, seq

@@ -3,9 +3,10 @@ writes the vectors into the front end's shared-memory slots. It first checks tha
 machine has its device, so a configuration asking for a missing GPU stops the start with
 a message naming the models and the device.
 
-Two threads: the receiver decodes `Infer` / `Cancel` messages into the scheduler while
-the main thread runs the engine, so the queue is filled and sorted during each forward
-pass, and the next batch is cut the moment the engine is free.
+Threads: the receiver decodes `Infer` / `Cancel` messages into the scheduler while the
+lanes run the engine, so the queue is filled and sorted during each forward pass; one
+lane per forward pass the engines can run at once (`Engine.lanes`), each cutting its
+next batch the moment it is free.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import os
 import re
 import threading
 import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import zmq
@@ -49,17 +52,19 @@ def main(args: protocol.WorkerArgs) -> None:
         scheduler = Scheduler()
         for spec in args.models:
             scheduler.add_model(spec.name, spec.max_batch_tokens, spec.max_batch_size, engines[spec.name].pad_id,
-                                overheads[spec.name])
-        threading.Thread(target=_receive, args=(context, args, inbox, scheduler), daemon=True,
+                                overheads[spec.name], engines[spec.name].lanes)
+        threading.Thread(target=_guarded, args=(_receive, context, args, inbox, scheduler), daemon=True,
                          name="receiver").start()
+        sender = _Sender(to_front)
+        for lane in range(1, max(engine.lanes for engine in engines.values())):
+            threading.Thread(target=_guarded, args=(_serve, engines, arenas, scheduler, sender), daemon=True,
+                             name=f"lane-{lane}").start()
         infos = [protocol.ModelInfo(spec.name, spec.kind, engines[spec.name].dim, spec.max_length,
                                     engines[spec.name].labels, engines[spec.name].activation,
                                     arenas[spec.name].name, args.arena_slots, engines[spec.name].name)
                  for spec in args.models]
-        to_front.send(protocol.encode(protocol.Ready(args.name, os.getpid(), infos)))
-        while True:  # until SIGTERM
-            batch = scheduler.next_batch()
-            _run(batch, engines[batch.model], arenas[batch.model], scheduler, to_front)
+        sender.send(protocol.Ready(args.name, os.getpid(), infos))
+        _serve(engines, arenas, scheduler, sender)  # until SIGTERM
     finally:
         context.destroy(linger=0)
 
@@ -83,7 +88,9 @@ def _warm_up(engine: Engine, max_length: int) -> float:
             times.append(time.perf_counter() - start)
         return min(times)  # the least disturbed run: other processes may be busy at start
 
-    seconds(1, max_length)
+    # Every lane once, at the same time: a backend may hold one replica per lane.
+    with ThreadPoolExecutor(engine.lanes) as lanes:
+        list(lanes.map(lambda _: seconds(1, max_length), range(engine.lanes)))
     small_length, large_rows, large_length = min(16, max_length), 4, min(128, max_length)
     small, large = seconds(1, small_length), seconds(large_rows, large_length)
     per_token = max((large - small) / (large_rows * large_length - small_length), 1e-9)
@@ -94,30 +101,53 @@ def _warm_up(engine: Engine, max_length: int) -> float:
     return overhead_tokens
 
 
-def _run(batch: Batch, engine: Engine, arena: Arena, scheduler: Scheduler, to_front: zmq.Socket) -> None:
+class _Sender:
+    """The socket to the front end, shared by the lanes."""
+
+    def __init__(self, socket: zmq.Socket) -> None:
+        self._socket = socket
+        self._lock = threading.Lock()
+
+    def send(self, message: protocol.Message) -> None:
+        data = protocol.encode(message)
+        with self._lock:
+            self._socket.send(data)
+
+
+def _serve(engines: dict[str, Engine], arenas: dict[str, Arena], scheduler: Scheduler, sender: _Sender) -> None:
+    """One lane: run batches as they are cut, forever."""
+    while True:
+        batch = scheduler.next_batch()
+        _run(batch, engines[batch.model], arenas[batch.model], scheduler, sender)
+
+
+def _run(batch: Batch, engine: Engine, arena: Arena, scheduler: Scheduler, sender: _Sender) -> None:
     log.debug("batch of %d inputs, %d x %d tokens", len(batch.items), *batch.input_ids.shape)
     try:
         vectors = engine.forward(batch.input_ids, batch.attention_mask, batch.token_type_ids)
     except Exception as exc:
         log.exception("forward pass failed for a batch of %d", len(batch.items))
-        for request_id in scheduler.abandon(batch.items):
-            to_front.send(protocol.encode(protocol.Failed(request_id, 500, f"inference failed: {exc}")))
-        return
-    arena.rows[[item.slot for item in batch.items]] = vectors
-    for request in scheduler.finish(batch.items):
-        to_front.send(protocol.encode(protocol.Done(request.request_id, request.cancelled)))
+        finished = scheduler.finish(batch, error=f"inference failed: {exc}")
+    else:
+        arena.rows[[item.slot for item in batch.items]] = vectors
+        finished = scheduler.finish(batch)
+    for request in finished:
+        if request.error is not None:
+            sender.send(protocol.Failed(request.request_id, 500, request.error))
+        else:
+            sender.send(protocol.Done(request.request_id, request.cancelled))
 
 
-def _receive(context: zmq.Context, args: protocol.WorkerArgs, inbox: zmq.Socket, scheduler: Scheduler) -> None:
-    """Receiver thread; if it fails, the process exits so the supervisor restarts it."""
+def _guarded(target: Callable[..., None], *args: object) -> None:
+    """Run a thread's loop; if it fails, the process exits so the supervisor restarts it."""
     try:
-        _receive_loop(context, args, inbox, scheduler)
+        target(*args)
     except Exception:
-        log.exception("receiver thread failed")
+        log.exception("%s thread failed", threading.current_thread().name)
         os._exit(1)
 
 
-def _receive_loop(context: zmq.Context, args: protocol.WorkerArgs, inbox: zmq.Socket, scheduler: Scheduler) -> None:
+def _receive(context: zmq.Context, args: protocol.WorkerArgs, inbox: zmq.Socket, scheduler: Scheduler) -> None:
     """Receiver thread: queue requests, apply cancellations (acknowledged on its own socket)."""
     acks = context.socket(zmq.PUSH)
     acks.setsockopt(zmq.LINGER, 0)

@@ -9,8 +9,6 @@ is one module in this package plus one line in `ENGINES`.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Protocol
 
@@ -25,6 +23,10 @@ class Engine(Protocol):
     pad_id: int
     labels: list[str]  # a classifier's labels by output index; empty for embedders
     activation: str  # "sigmoid", "softmax" or "none": applied by the front end unless raw scores are asked
+    # Forward passes it runs at once, from as many threads: on a CPU an engine may run one
+    # single-threaded pass per core instead of one pass on all of them (bench/RESULTS.md,
+    # "Engines"): the inference process then runs a lane per pass (workers/batching.py).
+    lanes: int
 
     def __init__(self, spec: ModelSpec, threads: int) -> None: ...
 
@@ -57,36 +59,3 @@ def describe(engine: Engine, spec: ModelSpec) -> None:
         engine.activation = "sigmoid"
     else:
         engine.activation = "softmax"
-
-
-Encode = Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]
-
-
-class Interleaved:
-    """Runs a batch as `parts` sub-batches at once, one per single-threaded worker of the
-    backend: rows i, i + k, i + 2k, ... form part i, so each part holds inputs of every
-    length of a length-sorted batch, and the parts finish together. On a CPU this beats
-    one call on `parts` threads, whose threads wait on each other within every layer
-    (bench/RESULTS.md, "Engines")."""
-
-    def __init__(self, parts: int) -> None:
-        self.parts = parts
-        self._pool = ThreadPoolExecutor(parts, thread_name_prefix="engine") if parts > 1 else None
-
-    def __call__(self, encode: Encode, input_ids: np.ndarray, attention_mask: np.ndarray,
-                 token_type_ids: np.ndarray) -> np.ndarray:
-        parts = min(self.parts, len(input_ids))
-        if parts == 1 or self._pool is None:
-            return encode(input_ids, attention_mask, token_type_ids)
-        futures = []
-        for i in range(parts):
-            mask = attention_mask[i::parts]
-            longest = int(mask.sum(axis=1).max())  # drop the columns only other parts need
-            futures.append(self._pool.submit(encode, input_ids[i::parts, :longest], mask[:, :longest],
-                                             token_type_ids[i::parts, :longest]))
-        first = futures[0].result()
-        out = np.empty((len(input_ids), first.shape[1]), dtype=first.dtype)
-        out[0::parts] = first
-        for i, future in enumerate(futures[1:], start=1):
-            out[i::parts] = future.result()
-        return out

@@ -21,6 +21,7 @@ _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch
 
 class TorchEngine:
     name = "torch"
+    lanes = 1  # one pass at a time, on all its threads
 
     def __init__(self, spec: ModelSpec, threads: int) -> None:
         from transformers import AutoModel, AutoModelForSequenceClassification
