@@ -22,7 +22,7 @@ from tokenizers import Tokenizer
 from bench.corpus import sentences
 from bench.replay import pad_batch
 from infinity.config import ModelConfig
-from workers.engines import load_engine
+from workers.engines import load_engine, set_torch_threads
 from workers.models import resolve_model
 
 DEFAULT_ENGINES = ("torch:float32", "onnx:float32", "ctranslate2:float32", "onnx:int8", "ctranslate2:int8")
@@ -40,6 +40,7 @@ def main() -> None:
         name, dtype = choice.split(":")
         spec = resolve_model(ModelConfig(name="default", engine=name, dtype=dtype))
         engine = load_engine(spec, args.threads)
+        set_torch_threads([engine], args.threads)
         tokenizer = Tokenizer.from_file(f"{spec.path}/tokenizer.json")
         tokenizer.no_padding()
         tokenizer.enable_truncation(spec.max_length)

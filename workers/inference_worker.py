@@ -26,7 +26,7 @@ from infinity import protocol
 from infinity.shm import Arena
 from workers import devices
 from workers.batching import Batch, Scheduler
-from workers.engines import load_engine
+from workers.engines import load_engine, set_torch_threads
 from workers.engines.base import Engine
 from workers.process import start_child
 
@@ -39,6 +39,7 @@ def main(args: protocol.WorkerArgs) -> None:
         try:
             devices.require(args.models[0].device, [spec.name for spec in args.models])
             engines = {spec.name: load_engine(spec, args.threads) for spec in args.models}
+            set_torch_threads(engines.values(), args.threads)
             overheads = {spec.name: _warm_up(engines[spec.name], spec.max_length) for spec in args.models}
             arenas = {spec.name: Arena(_arena_name(args, spec.name), args.arena_slots,
                                        engines[spec.name].dim, create=True) for spec in args.models}

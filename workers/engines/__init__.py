@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+from collections.abc import Iterable
 
 import msgspec
 
@@ -38,3 +39,13 @@ def load_engine(spec: ModelSpec, threads: int) -> Engine:
 def _engine_class(name: str) -> type:
     module_name, class_name = ENGINES[name].split(":")
     return getattr(importlib.import_module(module_name), class_name)
+
+
+def set_torch_threads(engines: Iterable[Engine], threads: int) -> None:
+    """Size torch's process-wide thread pool for the engines of one process. Engines that
+    run lanes use torch only for pooling or a head, where a second OpenMP thread spins and
+    takes CPU from the lanes (measured: 246 against 215 sentences/s for single texts at
+    concurrency 16 on 2 cores); engines running one pass at a time get every thread."""
+    import torch  # here: the front end imports this package and has no use for torch
+
+    torch.set_num_threads(threads if any(engine.lanes == 1 for engine in engines) else 1)
