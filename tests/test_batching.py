@@ -9,11 +9,13 @@ import pytest
 from workers.batching import Scheduler, split_by_cost
 
 
-def _scheduler(max_tokens: int = 1000, max_size: int = 32, overhead: float = 1e6, lanes: int = 100) -> Scheduler:
+def _scheduler(max_tokens: int = 1000, max_size: int = 32, overhead: float = 1e6, lanes: int = 100,
+               widens: bool = False) -> Scheduler:
     """A scheduler; the default pass overhead is so high that only the budget splits, and
     the lanes so many that batches can be cut without finishing the ones before."""
     scheduler = Scheduler()
-    scheduler.add_model("m", max_tokens, max_size, pad_id=0, pass_overhead_tokens=overhead, lanes=lanes)
+    scheduler.add_model("m", max_tokens, max_size, pad_id=0, pass_overhead_tokens=overhead, lanes=lanes,
+                        widens=widens)
     return scheduler
 
 
@@ -209,10 +211,39 @@ def test_a_failed_share_fails_its_request_once_every_share_has_finished():
     assert [(r.request_id, r.error) for r in scheduler.finish(second)] == [(1, "boom")]
 
 
+def test_a_lone_input_runs_wide_while_every_other_lane_is_idle_and_holds_them():
+    scheduler = _scheduler(lanes=2, widens=True)
+    threads, got = _wait_in_threads(scheduler, 2)
+    _submit(scheduler, 1, [3])
+    for thread in threads:
+        thread.join(0.3)
+    (wide,) = got
+    assert wide.wide
+    _submit(scheduler, 2, [4])
+    waiting = next(thread for thread in threads if thread.is_alive())
+    waiting.join(0.2)
+    assert waiting.is_alive()  # no lane takes work during a wide pass
+    scheduler.finish(wide)
+    waiting.join(5)
+    assert [item.request.request_id for item in got[1].items] == [2]
+
+
+@pytest.mark.parametrize("widens, busy_lanes", [(False, 0), (True, 1)])
+def test_no_wide_pass_for_an_engine_that_cannot_or_while_another_lane_runs(widens, busy_lanes):
+    scheduler = _scheduler(lanes=2, widens=widens)
+    for request_id in range(busy_lanes):
+        _submit(scheduler, request_id, [3])
+        assert not scheduler.next_batch().wide  # no other lane is idle
+    (thread,), got = _wait_in_threads(scheduler, 1)
+    _submit(scheduler, 9, [3])
+    thread.join(5)
+    assert not got[0].wide
+
+
 class _Engine:
     """Doubles each input's first id; fails on a batch holding the id 13."""
 
-    def forward(self, input_ids, attention_mask, token_type_ids):
+    def forward(self, input_ids, attention_mask, token_type_ids, wide=False):
         if (input_ids == 13).any():
             raise RuntimeError("bad batch")
         return input_ids[:, :1].astype(np.float32) * 2

@@ -66,10 +66,12 @@ def test_every_engine_family_and_kind_matches_the_torch_engine(tmp_path, monkeyp
         with pytest.raises(ValueError, match=f"is {family}"):
             load_engine(specs[engine], 1)
         return
-    reference, tested = (load_engine(specs[name], 1) for name in ("torch", engine))
+    reference, tested = load_engine(specs["torch"], 1), load_engine(specs[engine], 2)
     assert (tested.dim, tested.labels, tested.activation) == (reference.dim, reference.labels, reference.activation)
+    assert (tested.lanes, tested.widens) == (2, True)  # on the CPU: a lane per thread, and a wide copy
     expected = reference.forward(ids, mask, types)
     np.testing.assert_allclose(tested.forward(ids, mask, types), expected, atol=2e-5)
+    np.testing.assert_allclose(tested.forward(ids, mask, types, wide=True), expected, atol=2e-5)
 
 
 def _reference_varlen(q, k, v, bounds_q, bounds_k, longest_q, longest_k):
@@ -119,3 +121,17 @@ def test_compiled_torch_engine_matches_eager(tmp_path):
 def test_compile_is_refused_by_other_engines():
     with pytest.raises(ValueError, match="compile = true applies to the torch engine"):
         load_engine(resolve_model(ModelConfig(name="e", engine="onnx", compile=True)), 1)
+
+
+def test_wide_copy_only_for_small_models_with_several_lanes(tmp_path):
+    from workers.engines.base import WIDE_COPY_MAX_BYTES, wants_wide_copy
+
+    (tmp_path / "config.json").write_text("{}")
+    weights = tmp_path / "model.bin"
+    with weights.open("wb") as f:
+        f.truncate(WIDE_COPY_MAX_BYTES - 1024)  # sparse: no disk used
+    assert wants_wide_copy(tmp_path, lanes=2)
+    assert not wants_wide_copy(tmp_path, lanes=1)
+    with weights.open("r+b") as f:
+        f.truncate(WIDE_COPY_MAX_BYTES + 1)
+    assert not wants_wide_copy(tmp_path, lanes=2)

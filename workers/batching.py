@@ -15,7 +15,9 @@ the inference process then has one thread per lane, each cutting its own batch t
 it is free, so one lane's padding, result writing and messaging overlap the others'
 compute. When a lane cuts a batch while other lanes of the model wait idle, the batch is
 shared with them: rows i, i + k, i + 2k, ... of the length-sorted batch go to lane i, so
-the parts take about as long and a lone large request still uses every core.
+the parts take about as long and a lone large request still uses every core. A batch of
+one input cut while every other lane waits idle runs as a wide pass, on every core, if the
+model's engine can (`widens`); the other lanes take no work until it ends.
 
 The scheduler is shared by the thread that receives requests and the lanes; one lock
 guards it.
@@ -63,6 +65,7 @@ class Batch:
     input_ids: np.ndarray  # (n, longest) int64, right-padded with `pad_id`
     attention_mask: np.ndarray  # (n, longest) int64
     token_type_ids: np.ndarray  # (n, longest) int64, zero but for the second text of a pair
+    wide: bool = False  # run on every core: the other lanes are held idle for it
 
 
 @dataclass
@@ -72,6 +75,7 @@ class _ModelQueue:
     pad_id: int
     pass_overhead_tokens: float
     lanes: int
+    widens: bool
     running: int = 0  # batches cut and not yet finished
     # Waiting items sorted by (length, seq); `oldest` finds the fairness anchor.
     by_length: list[tuple[int, int, Item]] = field(default_factory=list)
@@ -85,14 +89,22 @@ class Scheduler:
         self._lock = threading.Lock()
         self._wakeup = threading.Condition(self._lock)
         self._idle = 0  # lanes waiting in `next_batch`
+        self._wide = False  # a wide pass runs: no lane takes work
         self._shares: deque[tuple[str, list[Item]]] = deque()  # parts of a batch cut for idle lanes
 
     def add_model(self, name: str, max_batch_tokens: int, max_batch_size: int, pad_id: int,
-                  pass_overhead_tokens: float = 0.0, lanes: int = 1) -> None:
+                  pass_overhead_tokens: float = 0.0, lanes: int = 1, widens: bool = False) -> None:
         """`pass_overhead_tokens`: the fixed cost of one forward pass, in tokens' worth of
         compute; it decides when inputs of different lengths share a padded batch.
-        `lanes`: how many of the model's batches may run at once."""
-        self._queues[name] = _ModelQueue(max_batch_tokens, max_batch_size, pad_id, pass_overhead_tokens, lanes)
+        `lanes`: how many of the model's batches may run at once; `widens`: whether its
+        engine can run one pass on every core."""
+        self._queues[name] = _ModelQueue(max_batch_tokens, max_batch_size, pad_id, pass_overhead_tokens, lanes,
+                                         widens)
+
+    @property
+    def lanes(self) -> int:
+        """How many threads should call `next_batch`: the most lanes of any model."""
+        return max((queue.lanes for queue in self._queues.values()), default=1)
 
     def submit(self, request_id: int, model: str, ids: np.ndarray, lengths: list[int],
                slots: list[int], type_ids: np.ndarray | None = None) -> None:
@@ -129,23 +141,30 @@ class Scheduler:
     def next_batch(self) -> Batch:
         """Block until inputs wait for a free lane, then cut a batch."""
         with self._lock:
-            while not self._shares and (model := self._model_waiting_longest()) is None:
-                self._idle += 1
-                self._wakeup.wait()
-                self._idle -= 1
-            if self._shares:
-                model, items = self._shares.popleft()
-            else:
-                queue = self._queues[model]
-                items = _cut(queue)
-                idle = self._idle - len(self._shares)  # lanes waiting and not yet handed a share
-                parts = 1 + max(0, min(idle, queue.lanes - queue.running - 1, len(items) - 1))
-                for i in range(1, parts):
-                    self._shares.append((model, items[i::parts]))
-                self._wakeup.notify(parts - 1)
-                items = items[::parts]
-                queue.running += parts
-        return _pad(model, items, self._queues[model].pad_id)
+            model, items, wide = self._take()
+        return _pad(model, items, self._queues[model].pad_id, wide)
+
+    def _take(self) -> tuple[str, list[Item], bool]:
+        """(model, items, wide) of the calling lane's next batch; lock held."""
+        while not self._shares and (model := self._model_waiting_longest()) is None:
+            self._idle += 1
+            self._wakeup.wait()
+            self._idle -= 1
+        if self._shares:
+            return *self._shares.popleft(), False
+        queue = self._queues[model]
+        items = _cut(queue)
+        idle = self._idle - len(self._shares)  # lanes waiting and not yet handed a share
+        queue.running += 1
+        if len(items) == 1 and queue.widens and idle == self.lanes - 1:
+            self._wide = True
+            return model, items, True
+        parts = 1 + max(0, min(idle, queue.lanes - queue.running, len(items) - 1))
+        for i in range(1, parts):
+            self._shares.append((model, items[i::parts]))
+        self._wakeup.notify(parts - 1)
+        queue.running += parts - 1
+        return model, items[::parts], False
 
     def finish(self, batch: Batch, error: str | None = None) -> list[PendingRequest]:
         """Account for a batch that ran (`error`: it failed, which fails its requests and
@@ -154,6 +173,9 @@ class Scheduler:
         finished = []
         with self._lock:
             self._queues[batch.model].running -= 1
+            if batch.wide:
+                self._wide = False
+                self._wakeup.notify_all()
             for item in batch.items:
                 request = item.request
                 request.remaining -= 1
@@ -176,6 +198,8 @@ class Scheduler:
         return dropped
 
     def _model_waiting_longest(self) -> str | None:
+        if self._wide:
+            return None
         best, best_seq = None, None
         for name, queue in self._queues.items():
             if queue.by_length and queue.running < queue.lanes:
@@ -241,7 +265,7 @@ def _group_of(index: int, groups: list[tuple[int, int]]) -> tuple[int, int]:
     return next(group for group in groups if group[0] <= index <= group[1])
 
 
-def _pad(model: str, items: list[Item], pad_id: int) -> Batch:
+def _pad(model: str, items: list[Item], pad_id: int, wide: bool = False) -> Batch:
     longest = max(item.length for item in items)
     input_ids = np.full((len(items), longest), pad_id, dtype=np.int64)
     attention_mask = np.zeros((len(items), longest), dtype=np.int64)
@@ -251,4 +275,4 @@ def _pad(model: str, items: list[Item], pad_id: int) -> Batch:
         attention_mask[row, :item.length] = 1
         if item.type_ids is not None:
             token_type_ids[row, :item.length] = item.type_ids
-    return Batch(model, items, input_ids, attention_mask, token_type_ids)
+    return Batch(model, items, input_ids, attention_mask, token_type_ids, wide)

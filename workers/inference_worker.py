@@ -53,11 +53,11 @@ def main(args: protocol.WorkerArgs) -> None:
         scheduler = Scheduler()
         for spec in args.models:
             scheduler.add_model(spec.name, spec.max_batch_tokens, spec.max_batch_size, engines[spec.name].pad_id,
-                                overheads[spec.name], engines[spec.name].lanes)
+                                overheads[spec.name], engines[spec.name].lanes, engines[spec.name].widens)
         threading.Thread(target=_guarded, args=(_receive, context, args, inbox, scheduler), daemon=True,
                          name="receiver").start()
         sender = _Sender(to_front)
-        for lane in range(1, max(engine.lanes for engine in engines.values())):
+        for lane in range(1, scheduler.lanes):
             threading.Thread(target=_guarded, args=(_serve, engines, arenas, scheduler, sender), daemon=True,
                              name=f"lane-{lane}").start()
         infos = [protocol.ModelInfo(spec.name, spec.kind, engines[spec.name].dim, spec.max_length,
@@ -78,20 +78,22 @@ def _warm_up(engine: Engine, max_length: int) -> float:
     """Run the shapes the first requests will have, so they pay no one-time costs, and
     return the fixed cost of a forward pass in tokens' worth of compute: timing a small
     and a large batch fits time = overhead + per_token x padded tokens."""
-    def seconds(rows: int, length: int) -> float:
+    def seconds(rows: int, length: int, wide: bool = False) -> float:
         ids = np.full((rows, length), engine.pad_id + 1, dtype=np.int64)
         mask = np.ones_like(ids)
-        engine.forward(ids, mask, np.zeros_like(ids))
+        engine.forward(ids, mask, np.zeros_like(ids), wide=wide)
         times = []
         for _ in range(5):
             start = time.perf_counter()
-            engine.forward(ids, mask, np.zeros_like(ids))
+            engine.forward(ids, mask, np.zeros_like(ids), wide=wide)
             times.append(time.perf_counter() - start)
         return min(times)  # the least disturbed run: other processes may be busy at start
 
     # Every lane once, at the same time: a backend may hold one replica per lane.
     with ThreadPoolExecutor(engine.lanes) as lanes:
         list(lanes.map(lambda _: seconds(1, max_length), range(engine.lanes)))
+    if engine.widens:
+        seconds(1, max_length, wide=True)
     small_length, large_rows, large_length = min(16, max_length), 4, min(128, max_length)
     small, large = seconds(1, small_length), seconds(large_rows, large_length)
     per_token = max((large - small) / (large_rows * large_length - small_length), 1e-9)
@@ -125,7 +127,7 @@ def _serve(engines: dict[str, Engine], arenas: dict[str, Arena], scheduler: Sche
 def _run(batch: Batch, engine: Engine, arena: Arena, scheduler: Scheduler, sender: _Sender) -> None:
     log.debug("batch of %d inputs, %d x %d tokens", len(batch.items), *batch.input_ids.shape)
     try:
-        vectors = engine.forward(batch.input_ids, batch.attention_mask, batch.token_type_ids)
+        vectors = engine.forward(batch.input_ids, batch.attention_mask, batch.token_type_ids, wide=batch.wide)
     except Exception as exc:
         log.exception("forward pass failed for a batch of %d", len(batch.items))
         finished = scheduler.finish(batch, error=f"inference failed: {exc}")

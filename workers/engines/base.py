@@ -27,12 +27,17 @@ class Engine(Protocol):
     # single-threaded pass per core instead of one pass on all of them (bench/RESULTS.md,
     # "Engines"): the inference process then runs a lane per pass (workers/batching.py).
     lanes: int
+    # Whether it can also run a pass on all its threads at once (`forward(wide=True)`),
+    # for a lone input while the other lanes are idle: 4.8 against 7.0 ms for one
+    # sentence on 2 cores (bench/RESULTS.md, "Lanes").
+    widens: bool
 
     def __init__(self, spec: ModelSpec, threads: int) -> None: ...
 
     def forward(self, input_ids: np.ndarray, attention_mask: np.ndarray,
-                token_type_ids: np.ndarray) -> np.ndarray:
-        """(n, longest) int64 ids, mask and token segments -> (n, dim) float32."""
+                token_type_ids: np.ndarray, wide: bool = False) -> np.ndarray:
+        """(n, longest) int64 ids, mask and token segments -> (n, dim) float32; `wide`:
+        on every thread (only asked of an engine that `widens`)."""
         ...
 
 
@@ -59,3 +64,14 @@ def describe(engine: Engine, spec: ModelSpec) -> None:
         engine.activation = "sigmoid"
     else:
         engine.activation = "softmax"
+
+
+# A wide pass needs a second copy of the weights, set to use every thread; it is made for
+# models up to this size only.
+WIDE_COPY_MAX_BYTES = 512 * 2**20
+
+
+def wants_wide_copy(folder: Path, lanes: int) -> bool:
+    """Whether an engine with `lanes` lanes should load a wide copy of the model in `folder`."""
+    size = sum(path.stat().st_size for path in folder.rglob("*") if path.is_file())
+    return lanes > 1 and size <= WIDE_COPY_MAX_BYTES

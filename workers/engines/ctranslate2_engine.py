@@ -18,7 +18,7 @@ import torch
 
 from workers import devices
 from workers.engines.artifacts import cached_build
-from workers.engines.base import describe
+from workers.engines.base import describe, wants_wide_copy
 from workers.models import CTRANSLATE2_FAMILIES, ModelSpec
 from workers.pooling import embedding
 
@@ -91,17 +91,21 @@ class CTranslate2Engine:
                                             compute_type=COMPUTE_TYPES[spec.dtype],
                                             intra_threads=1 if device == "cpu" else threads,
                                             inter_threads=self.lanes)
+        self.widens = wants_wide_copy(folder, self.lanes)
+        self._wide = ctranslate2.Encoder(str(folder), device=device, compute_type=COMPUTE_TYPES[spec.dtype],
+                                         intra_threads=threads) if self.widens else None
         describe(self, spec)
 
     @torch.inference_mode()
     def forward(self, input_ids: np.ndarray, attention_mask: np.ndarray,
-                token_type_ids: np.ndarray) -> np.ndarray:
+                token_type_ids: np.ndarray, wide: bool = False) -> np.ndarray:
         import ctranslate2
 
         lengths = attention_mask.sum(axis=1).astype(np.int32)
         # Segment ids matter for the second text of a pair; plain texts are all segment 0.
         types = token_type_ids.tolist() if token_type_ids.any() else None
-        output = self._encoder.forward_batch(ctranslate2.StorageView.from_array(input_ids.astype(np.int32)),
+        encoder = self._wide if wide and self._wide is not None else self._encoder
+        output = encoder.forward_batch(ctranslate2.StorageView.from_array(input_ids.astype(np.int32)),
                                              ctranslate2.StorageView.from_array(lengths), types)
         if self._head is not None:
             return self._head(output).float().numpy()

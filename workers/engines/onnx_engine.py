@@ -22,7 +22,7 @@ import torch
 
 from workers import devices
 from workers.engines.artifacts import cached_build
-from workers.engines.base import describe
+from workers.engines.base import describe, wants_wide_copy
 from workers.models import ModelSpec, cache_dir
 from workers.pooling import embedding
 
@@ -161,12 +161,26 @@ def providers(device: str) -> list:
     return [*chosen, "CPUExecutionProvider"]
 
 
+def _session(folder: Path, device: str, threads: int) -> object:
+    """An onnxruntime session of the graph in `folder`, on `threads` threads."""
+    import onnxruntime
+
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.log_severity_level = 3
+    # Idle threads must not spin: on a small machine they would take the cores the front
+    # end and tokenizers need (measured: 149 against 213 sentences/s for 32-text requests
+    # at concurrency 8 on 2 cores).
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    return onnxruntime.InferenceSession(str(folder / GRAPH), options, providers=providers(device))
+
+
 class OnnxEngine:
     name = "onnx"
 
     def __init__(self, spec: ModelSpec, threads: int) -> None:
-        import onnxruntime
-
         if spec.dtype not in DTYPES:
             raise ValueError(f"the onnx engine takes dtype {', '.join(DTYPES)}; got {spec.dtype}")
         if spec.dtype == "float16" and devices.is_cpu(spec.device):
@@ -176,25 +190,19 @@ class OnnxEngine:
         # On the CPU, single-threaded runs of the session at once, a lane each: measured 247
         # against 225 sentences/s for one run on 2 threads.
         self.lanes = threads if on_cpu else 1
-        options = onnxruntime.SessionOptions()
-        options.intra_op_num_threads = 1 if on_cpu else threads
-        options.inter_op_num_threads = 1
-        options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
-        options.log_severity_level = 3
-        # Idle threads must not spin: on a small machine they would take the cores the
-        # front end and tokenizers need (measured: 149 against 213 sentences/s for 32-text
-        # requests at concurrency 8 on 2 cores).
-        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        self._session = onnxruntime.InferenceSession(str(folder / GRAPH), options, providers=providers(spec.device))
+        self._session = _session(folder, spec.device, 1 if on_cpu else threads)
+        self.widens = wants_wide_copy(folder, self.lanes)
+        self._wide = _session(folder, spec.device, threads) if self.widens else None
         self._inputs = [i.name for i in self._session.get_inputs()]
         self._spec = spec
         describe(self, spec)
 
     @torch.inference_mode()
     def forward(self, input_ids: np.ndarray, attention_mask: np.ndarray,
-                token_type_ids: np.ndarray) -> np.ndarray:
+                token_type_ids: np.ndarray, wide: bool = False) -> np.ndarray:
         given = {"input_ids": input_ids, "attention_mask": attention_mask, "token_type_ids": token_type_ids}
-        (output,) = self._session.run(None, {name: given[name] for name in self._inputs})
+        session = self._wide if wide and self._wide is not None else self._session
+        (output,) = session.run(None, {name: given[name] for name in self._inputs})
         if self._spec.kind != "embed":
             return output.astype(np.float32, copy=False)
         return embedding(self._spec.pooling, self._spec.normalize, torch.from_numpy(output),

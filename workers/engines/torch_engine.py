@@ -22,6 +22,7 @@ _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch
 class TorchEngine:
     name = "torch"
     lanes = 1  # one pass at a time, on all its threads
+    widens = False  # every pass is wide
 
     def __init__(self, spec: ModelSpec, threads: int) -> None:
         from transformers import AutoModel, AutoModelForSequenceClassification
@@ -48,7 +49,7 @@ class TorchEngine:
 
     @torch.inference_mode()
     def forward(self, input_ids: np.ndarray, attention_mask: np.ndarray,
-                token_type_ids: np.ndarray) -> np.ndarray:
+                token_type_ids: np.ndarray, wide: bool = False) -> np.ndarray:
         ids, mask, types = (torch.from_numpy(a).to(self._device) for a in (input_ids, attention_mask, token_type_ids))
         if self._spec.kind == "embed":
             hidden = self._packed(ids, mask, types) if self._packed is not None else self._padded(ids, mask, types)
