@@ -5,6 +5,7 @@ transformers pipeline in the end-to-end tests)."""
 
 import importlib.util
 import json
+import time
 
 import numpy as np
 import pytest
@@ -66,9 +67,11 @@ def test_every_engine_family_and_kind_matches_the_torch_engine(tmp_path, monkeyp
         with pytest.raises(ValueError, match=f"is {family}"):
             load_engine(specs[engine], 1)
         return
+    # On the CPU a lane per thread, and a wide copy, kept here even if it is not faster.
+    monkeypatch.setattr(f"workers.engines.{engine}_engine.wide_copy_pays", lambda *args: True)
     reference, tested = load_engine(specs["torch"], 1), load_engine(specs[engine], 2)
     assert (tested.dim, tested.labels, tested.activation) == (reference.dim, reference.labels, reference.activation)
-    assert (tested.lanes, tested.widens) == (2, True)  # on the CPU: a lane per thread, and a wide copy
+    assert (tested.lanes, tested.widens) == (2, True)
     expected = reference.forward(ids, mask, types)
     np.testing.assert_allclose(tested.forward(ids, mask, types), expected, atol=2e-5)
     np.testing.assert_allclose(tested.forward(ids, mask, types, wide=True), expected, atol=2e-5)
@@ -135,3 +138,21 @@ def test_wide_copy_only_for_small_models_with_several_lanes(tmp_path):
     with weights.open("r+b") as f:
         f.truncate(WIDE_COPY_MAX_BYTES + 1)
     assert not wants_wide_copy(tmp_path, lanes=2)
+
+
+class _TimedEngine:
+    pad_id = 0
+
+    def __init__(self, narrow_seconds: float, wide_seconds: float) -> None:
+        self.seconds = {False: narrow_seconds, True: wide_seconds}
+
+    def forward(self, input_ids, attention_mask, token_type_ids, wide=False):
+        time.sleep(self.seconds[wide])
+        return np.zeros((len(input_ids), 1), dtype=np.float32)
+
+
+@pytest.mark.parametrize("narrow, wide, kept", [(0.01, 0.002, True), (0.002, 0.01, False), (0.005, 0.005, False)])
+def test_the_wide_copy_is_kept_only_if_clearly_faster(narrow, wide, kept):
+    from workers.engines.base import wide_copy_pays
+
+    assert wide_copy_pays(_TimedEngine(narrow, wide), 16) is kept

@@ -15,7 +15,6 @@ import logging
 import os
 import re
 import threading
-import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
@@ -27,7 +26,7 @@ from infinity.shm import Arena
 from workers import devices
 from workers.batching import Batch, Scheduler
 from workers.engines import load_engine, set_torch_threads
-from workers.engines.base import Engine
+from workers.engines.base import Engine, best_seconds
 from workers.process import start_child
 
 log = logging.getLogger(__name__)
@@ -80,14 +79,8 @@ def _warm_up(engine: Engine, max_length: int) -> float:
     and a large batch fits time = overhead + per_token x padded tokens."""
     def seconds(rows: int, length: int, wide: bool = False) -> float:
         ids = np.full((rows, length), engine.pad_id + 1, dtype=np.int64)
-        mask = np.ones_like(ids)
-        engine.forward(ids, mask, np.zeros_like(ids), wide=wide)
-        times = []
-        for _ in range(5):
-            start = time.perf_counter()
-            engine.forward(ids, mask, np.zeros_like(ids), wide=wide)
-            times.append(time.perf_counter() - start)
-        return min(times)  # the least disturbed run: other processes may be busy at start
+        mask, types = np.ones_like(ids), np.zeros_like(ids)
+        return best_seconds(lambda: engine.forward(ids, mask, types, wide=wide))
 
     # Every lane once, at the same time: a backend may hold one replica per lane.
     with ThreadPoolExecutor(engine.lanes) as lanes:

@@ -9,6 +9,8 @@ is one module in this package plus one line in `ENGINES`.
 from __future__ import annotations
 
 import json
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
@@ -27,8 +29,9 @@ class Engine(Protocol):
     # single-threaded pass per core instead of one pass on all of them (bench/RESULTS.md,
     # "Engines"): the inference process then runs a lane per pass (workers/batching.py).
     lanes: int
-    # Whether it can also run a pass on all its threads at once (`forward(wide=True)`),
-    # for a lone input while the other lanes are idle: 4.8 against 7.0 ms for one
+    # Whether it can also run a pass on all its threads at once (`forward(wide=True)`), for
+    # a lone input while the other lanes are idle, and that pass was measured faster at
+    # start (`wide_copy_pays`): CTranslate2 at float32, 4.8 against 7.0 ms for one
     # sentence on 2 cores (bench/RESULTS.md, "Lanes").
     widens: bool
 
@@ -67,11 +70,34 @@ def describe(engine: Engine, spec: ModelSpec) -> None:
 
 
 # A wide pass needs a second copy of the weights, set to use every thread; it is made for
-# models up to this size only.
+# models up to this size only, and kept only if it is this much faster for one input.
 WIDE_COPY_MAX_BYTES = 512 * 2**20
+WIDE_COPY_MAX_TIME = 0.8
 
 
 def wants_wide_copy(folder: Path, lanes: int) -> bool:
     """Whether an engine with `lanes` lanes should load a wide copy of the model in `folder`."""
     size = sum(path.stat().st_size for path in folder.rglob("*") if path.is_file())
     return lanes > 1 and size <= WIDE_COPY_MAX_BYTES
+
+
+def wide_copy_pays(engine: Engine, length: int) -> bool:
+    """Whether the engine's wide pass over one input of `length` tokens takes under
+    `WIDE_COPY_MAX_TIME` of a one-lane pass. It need not: CTranslate2 at int8 takes 5.4
+    against 0.9 ms for one sentence on 2 threads rather than 1 (bench/RESULTS.md, "Lanes")."""
+    ids = np.full((1, length), engine.pad_id + 1, dtype=np.int64)
+    mask, types = np.ones_like(ids), np.zeros_like(ids)
+    wide, narrow = (best_seconds(lambda: engine.forward(ids, mask, types, wide=w)) for w in (True, False))
+    return wide < WIDE_COPY_MAX_TIME * narrow
+
+
+def best_seconds(call: Callable[[], object], repeats: int = 5) -> float:
+    """The least disturbed of `repeats` timed calls, after one untimed call that pays any
+    one-time costs (other processes may be busy, at a server's start most of all)."""
+    call()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - start)
+    return min(times)

@@ -18,7 +18,7 @@ import torch
 
 from workers import devices
 from workers.engines.artifacts import cached_build
-from workers.engines.base import describe, wants_wide_copy
+from workers.engines.base import describe, wants_wide_copy, wide_copy_pays
 from workers.models import CTRANSLATE2_FAMILIES, ModelSpec
 from workers.pooling import embedding
 
@@ -91,10 +91,12 @@ class CTranslate2Engine:
                                             compute_type=COMPUTE_TYPES[spec.dtype],
                                             intra_threads=1 if device == "cpu" else threads,
                                             inter_threads=self.lanes)
-        self.widens = wants_wide_copy(folder, self.lanes)
         self._wide = ctranslate2.Encoder(str(folder), device=device, compute_type=COMPUTE_TYPES[spec.dtype],
-                                         intra_threads=threads) if self.widens else None
+                                         intra_threads=threads) if wants_wide_copy(folder, self.lanes) else None
         describe(self, spec)
+        if self._wide is not None and not wide_copy_pays(self, min(32, spec.max_length)):
+            self._wide = None
+        self.widens = self._wide is not None
 
     @torch.inference_mode()
     def forward(self, input_ids: np.ndarray, attention_mask: np.ndarray,

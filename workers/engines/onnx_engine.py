@@ -22,7 +22,7 @@ import torch
 
 from workers import devices
 from workers.engines.artifacts import cached_build
-from workers.engines.base import describe, wants_wide_copy
+from workers.engines.base import describe, wants_wide_copy, wide_copy_pays
 from workers.models import ModelSpec, cache_dir
 from workers.pooling import embedding
 
@@ -191,11 +191,13 @@ class OnnxEngine:
         # against 225 sentences/s for one run on 2 threads.
         self.lanes = threads if on_cpu else 1
         self._session = _session(folder, spec.device, 1 if on_cpu else threads)
-        self.widens = wants_wide_copy(folder, self.lanes)
-        self._wide = _session(folder, spec.device, threads) if self.widens else None
+        self._wide = _session(folder, spec.device, threads) if wants_wide_copy(folder, self.lanes) else None
         self._inputs = [i.name for i in self._session.get_inputs()]
         self._spec = spec
         describe(self, spec)
+        if self._wide is not None and not wide_copy_pays(self, min(32, spec.max_length)):
+            self._wide = None
+        self.widens = self._wide is not None
 
     @torch.inference_mode()
     def forward(self, input_ids: np.ndarray, attention_mask: np.ndarray,
