@@ -92,7 +92,8 @@ def _warm_up(engine: Engine, max_length: int) -> float:
     per_token = max((large - small) / (large_rows * large_length - small_length), 1e-9)
     # Clamped: a start on a busy machine must not leave a senseless cost model behind.
     overhead_tokens = min(max(small / per_token - small_length, 4.0), 1024.0)
-    log.info("forward pass: %.2f ms fixed, %.1f us per token: overhead = %.0f tokens",
+    log.info("%s engine, %d lane(s)%s; forward pass: %.2f ms fixed, %.1f us per token: overhead = %.0f tokens",
+             engine.name, engine.lanes, ", wide pass for a lone input" if engine.widens else "",
              (small - small_length * per_token) * 1e3, per_token * 1e6, overhead_tokens)
     return overhead_tokens
 
