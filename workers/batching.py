@@ -7,7 +7,7 @@ padded: inputs × longest input) and `max_batch_size`. Where lengths differ wide
 candidates are split into groups by a cost model, a fixed cost per forward pass plus
 one unit per padded token, and only the oldest input's group runs now; the others wait
 for the next pass, where later arrivals may join them. There is no waiting window: a
-batch is cut as soon as the engine is free, from whatever has arrived. Inputs of a
+batch is cut as soon as a lane is free, from whatever has arrived. Inputs of a
 cancelled request are dropped before they reach a batch.
 
 An engine may run several forward passes at once, each on its own core (its `lanes`);

@@ -70,9 +70,12 @@ def describe(engine: Engine, spec: ModelSpec) -> None:
 
 
 # A wide pass needs a second copy of the weights, set to use every thread; it is made for
-# models up to this size only, and kept only if it is this much faster for one input.
+# models up to this size only, and kept only if it takes at most this share of a one-lane
+# pass. Measured here (2 cores, default model, inputs of 16 and 64 tokens): 0.67 for
+# CTranslate2 float32, 0.78 ONNX Runtime float32, 0.74-0.89 ONNX Runtime int8
+# (borderline), 1.5 CTranslate2 int8.
 WIDE_COPY_MAX_BYTES = 512 * 2**20
-WIDE_COPY_MAX_TIME = 0.8
+WIDE_COPY_MAX_TIME = 0.85
 
 
 def wants_wide_copy(folder: Path, lanes: int) -> bool:
@@ -81,14 +84,26 @@ def wants_wide_copy(folder: Path, lanes: int) -> bool:
     return lanes > 1 and size <= WIDE_COPY_MAX_BYTES
 
 
-def wide_copy_pays(engine: Engine, length: int) -> bool:
-    """Whether the engine's wide pass over one input of `length` tokens takes under
-    `WIDE_COPY_MAX_TIME` of a one-lane pass. It need not: CTranslate2 at int8 takes 5.4
-    against 0.9 ms for one sentence on 2 threads rather than 1 (bench/RESULTS.md, "Lanes")."""
-    ids = np.full((1, length), engine.pad_id + 1, dtype=np.int64)
-    mask, types = np.ones_like(ids), np.zeros_like(ids)
-    wide, narrow = (best_seconds(lambda: engine.forward(ids, mask, types, wide=w)) for w in (True, False))
-    return wide < WIDE_COPY_MAX_TIME * narrow
+def wide_copy_pays(engine: Engine, max_length: int) -> bool:
+    """Whether the engine's wide passes over one input of 16 and of 64 tokens take under
+    `WIDE_COPY_MAX_TIME` of one-lane passes, measured as the server runs them: with one
+    torch thread (`workers.engines.set_torch_threads`). They need not: CTranslate2 at int8
+    takes 5.4 against 0.9 ms for one sentence on 2 threads rather than 1
+    (bench/RESULTS.md, "Lanes")."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        seconds = {True: 0.0, False: 0.0}
+        for length in {min(16, max_length), min(64, max_length)}:
+            ids = np.full((1, length), engine.pad_id + 1, dtype=np.int64)
+            mask, types = np.ones_like(ids), np.zeros_like(ids)
+            for wide in seconds:
+                seconds[wide] += best_seconds(lambda: engine.forward(ids, mask, types, wide=wide))
+    finally:
+        torch.set_num_threads(threads)
+    return seconds[True] < WIDE_COPY_MAX_TIME * seconds[False]
 
 
 def best_seconds(call: Callable[[], object], repeats: int = 5) -> float:

@@ -94,7 +94,7 @@ class CTranslate2Engine:
         self._wide = ctranslate2.Encoder(str(folder), device=device, compute_type=COMPUTE_TYPES[spec.dtype],
                                          intra_threads=threads) if wants_wide_copy(folder, self.lanes) else None
         describe(self, spec)
-        if self._wide is not None and not wide_copy_pays(self, min(32, spec.max_length)):
+        if self._wide is not None and not wide_copy_pays(self, spec.max_length):
             self._wide = None
         self.widens = self._wide is not None
 

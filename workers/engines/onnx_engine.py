@@ -195,7 +195,7 @@ class OnnxEngine:
         self._inputs = [i.name for i in self._session.get_inputs()]
         self._spec = spec
         describe(self, spec)
-        if self._wide is not None and not wide_copy_pays(self, min(32, spec.max_length)):
+        if self._wide is not None and not wide_copy_pays(self, spec.max_length):
             self._wide = None
         self.widens = self._wide is not None
 
