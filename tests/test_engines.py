@@ -156,3 +156,17 @@ def test_the_wide_copy_is_kept_only_if_clearly_faster(narrow, wide, kept):
     from workers.engines.base import wide_copy_pays
 
     assert wide_copy_pays(_TimedEngine(narrow, wide), 16) is kept
+
+
+@pytest.mark.parametrize("lanes, expected", [([2, 2], 1), ([2, 1], 3), ([1], 3)])
+def test_torch_gets_one_thread_only_where_every_engine_runs_lanes(lanes, expected):
+    from types import SimpleNamespace
+
+    from workers.engines import set_torch_threads
+
+    before = torch.get_num_threads()
+    try:
+        set_torch_threads([SimpleNamespace(lanes=n) for n in lanes], threads=3)
+        assert torch.get_num_threads() == expected
+    finally:
+        torch.set_num_threads(before)
