@@ -31,8 +31,8 @@ class Engine(Protocol):
     lanes: int
     # Whether it can also run a pass on all its threads at once (`forward(wide=True)`), for
     # a lone input while the other lanes are idle, and that pass was measured faster at
-    # start (`wide_copy_pays`): CTranslate2 at float32, 4.8 against 7.0 ms for one
-    # sentence on 2 cores (bench/RESULTS.md, "Lanes").
+    # start (`wide_copy_pays`): CTranslate2 at float32, 1.6 against 4.0 ms for an
+    # 11-token sentence on 2 cores (bench/RESULTS.md, "Lanes").
     widens: bool
 
     def __init__(self, spec: ModelSpec, threads: int) -> None: ...
