@@ -2,6 +2,7 @@
 sorting, the pass cost model, fairness, cancellation."""
 
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -66,15 +67,17 @@ def test_batch_groups_similar_lengths_around_the_oldest_input():
     assert sorted(item.length for item in scheduler.next_batch().items) == [2, 3, 4]
 
 
-@pytest.mark.parametrize("lengths, overhead, groups", [
-    ([5, 5, 5], 10, [(0, 2)]),  # equal lengths: one pass
-    ([2, 3, 100], 10, [(0, 1), (2, 2)]),  # 3 x 100 padded is dearer than a second pass
-    ([2, 3, 100], 1000, [(0, 2)]),  # a pass costs more than the padding it saves
-    ([1, 2, 3, 4], 0, [(0, 0), (1, 1), (2, 2), (3, 3)]),  # free passes: no padding at all
-    ([], 5, []),
+@pytest.mark.parametrize("lengths, overhead, weight, groups", [
+    ([5, 5, 5], 10, 1.0, [(0, 2)]),  # equal lengths: one pass
+    ([2, 3, 100], 10, 1.0, [(0, 1), (2, 2)]),  # 3 x 100 padded is dearer than a second pass
+    ([2, 3, 100], 1000, 1.0, [(0, 2)]),  # a pass costs more than the padding it saves
+    ([1, 2, 3, 4], 0, 1.0, [(0, 0), (1, 1), (2, 2), (3, 3)]),  # free passes: no padding at all
+    ([2, 3, 100], 10, 0.02, [(0, 2)]),  # cheap padding (195 x 0.02) costs less than a pass
+    ([2, 3, 100], 10, 0.1, [(0, 1), (2, 2)]),  # 195 x 0.1 costs more
+    ([], 5, 1.0, []),
 ])
-def test_split_by_cost(lengths, overhead, groups):
-    assert split_by_cost(lengths, overhead) == groups
+def test_split_by_cost(lengths, overhead, weight, groups):
+    assert split_by_cost(lengths, overhead, weight) == groups
 
 
 def test_mixed_lengths_run_in_groups_starting_with_the_oldest():
@@ -274,3 +277,23 @@ def test_a_lane_writes_vectors_then_reports_done_or_the_failure():
     _run(scheduler.next_batch(), _Engine(), arena, scheduler, sender)
     assert sender.sent == [protocol.Failed(1, 500, "inference failed: bad batch"), protocol.Done(2)]
     assert arena.rows[10, 0] == 14 and arena.rows[12, 0] == 10
+
+
+class _CostedEngine:
+    """Takes 2 ms + 20 us per token + 5 us per padding token (a padding token costs 0.25
+    of a token), pass after pass."""
+
+    pad_id, lanes, widens, name = 0, 1, False, "costed"
+
+    def forward(self, input_ids, attention_mask, token_type_ids, wide=False):
+        tokens = int(attention_mask.sum())
+        time.sleep(2e-3 + 20e-6 * tokens + 5e-6 * (attention_mask.size - tokens))
+        return np.zeros((len(input_ids), 1), dtype=np.float32)
+
+
+def test_warm_up_fits_the_pass_overhead_and_the_cost_of_padding():
+    from workers.inference_worker import _warm_up
+
+    overhead, weight = _warm_up(_CostedEngine(), max_length=256)
+    assert overhead == pytest.approx(100, abs=25)  # 2 ms / 20 us
+    assert weight == pytest.approx(0.25, abs=0.1)

@@ -4,9 +4,10 @@ cut into batches by a token budget and a count cap.
 A batch always holds the oldest waiting input of the model that has waited longest (so
 nothing starves), plus inputs close to it in length, within `max_batch_tokens` (counted
 padded: inputs × longest input) and `max_batch_size`. Where lengths differ widely, the
-candidates are split into groups by a cost model, a fixed cost per forward pass plus
-one unit per padded token, and only the oldest input's group runs now; the others wait
-for the next pass, where later arrivals may join them. There is no waiting window: a
+candidates are split into groups by a cost model (a fixed cost per forward pass, one
+unit per token, and a measured fraction of one per padding token: CTranslate2 skips most
+padding, ONNX Runtime does not), and only the oldest input's group runs now; the others
+wait for the next pass, where later arrivals may join them. There is no waiting window: a
 batch is cut as soon as a lane is free, from whatever has arrived. Inputs of a
 cancelled request are dropped before they reach a batch.
 
@@ -74,6 +75,7 @@ class _ModelQueue:
     max_batch_size: int
     pad_id: int
     pass_overhead_tokens: float
+    padding_weight: float
     lanes: int
     widens: bool
     running: int = 0  # batches cut and not yet finished
@@ -93,13 +95,15 @@ class Scheduler:
         self._shares: deque[tuple[str, list[Item]]] = deque()  # parts of a batch cut for idle lanes
 
     def add_model(self, name: str, max_batch_tokens: int, max_batch_size: int, pad_id: int,
-                  pass_overhead_tokens: float = 0.0, lanes: int = 1, widens: bool = False) -> None:
+                  pass_overhead_tokens: float = 0.0, padding_weight: float = 1.0, lanes: int = 1,
+                  widens: bool = False) -> None:
         """`pass_overhead_tokens`: the fixed cost of one forward pass, in tokens' worth of
-        compute; it decides when inputs of different lengths share a padded batch.
-        `lanes`: how many of the model's batches may run at once; `widens`: whether its
-        engine can run one pass on every core."""
-        self._queues[name] = _ModelQueue(max_batch_tokens, max_batch_size, pad_id, pass_overhead_tokens, lanes,
-                                         widens)
+        compute, and `padding_weight`: what a padding token costs against a token; they
+        decide when inputs of different lengths share a padded batch. `lanes`: how many
+        of the model's batches may run at once; `widens`: whether its engine can run one
+        pass on every core."""
+        self._queues[name] = _ModelQueue(max_batch_tokens, max_batch_size, pad_id, pass_overhead_tokens,
+                                         padding_weight, lanes, widens)
 
     @property
     def lanes(self) -> int:
@@ -220,7 +224,8 @@ def _cut(queue: _ModelQueue) -> list[Item]:
     anchor = min(range(len(entries)), key=lambda i: entries[i][1])
     lo, hi = _window(entries, anchor, queue.max_batch_tokens, queue.max_batch_size)
     lengths = [entry[0] for entry in entries[lo:hi + 1]]
-    first, last = _group_of(anchor - lo, split_by_cost(lengths, queue.pass_overhead_tokens))
+    first, last = _group_of(anchor - lo, split_by_cost(lengths, queue.pass_overhead_tokens,
+                                                                  queue.padding_weight))
     batch = [entry[2] for entry in entries[lo + first:lo + last + 1]]
     del entries[lo + first:lo + last + 1]
     return batch
@@ -241,16 +246,19 @@ def _window(entries: list[tuple[int, int, Item]], anchor: int, max_tokens: int, 
     return lo, hi
 
 
-def split_by_cost(lengths: list[int], overhead_tokens: float) -> list[tuple[int, int]]:
+def split_by_cost(lengths: list[int], overhead_tokens: float, padding_weight: float = 1.0) -> list[tuple[int, int]]:
     """Split ascending `lengths` into contiguous groups (first, last) that minimise the
     total cost of running each group as one padded forward pass: `overhead_tokens` (the
-    fixed cost of a pass, in token-equivalents) + inputs x longest input."""
+    fixed cost of a pass, in token-equivalents) + its tokens + `padding_weight` x the
+    padding that brings every input to the group's longest."""
     n = len(lengths)
+    tokens = [0, *itertools.accumulate(lengths)]  # tokens[j]: tokens of the first j inputs
     best = [0.0] + [float("inf")] * n  # best[j]: cost of the first j inputs
     cut = [0] * (n + 1)
     for j in range(1, n + 1):
         for i in range(j):
-            cost = best[i] + overhead_tokens + lengths[j - 1] * (j - i)
+            real = tokens[j] - tokens[i]
+            cost = best[i] + overhead_tokens + real + padding_weight * (lengths[j - 1] * (j - i) - real)
             if cost < best[j]:
                 best[j], cut[j] = cost, i
     groups = []

@@ -39,7 +39,7 @@ def main(args: protocol.WorkerArgs) -> None:
             devices.require(args.models[0].device, [spec.name for spec in args.models])
             engines = {spec.name: load_engine(spec, args.threads) for spec in args.models}
             set_torch_threads(engines.values(), args.threads)
-            overheads = {spec.name: _warm_up(engines[spec.name], spec.max_length) for spec in args.models}
+            costs = {spec.name: _warm_up(engines[spec.name], spec.max_length) for spec in args.models}
             arenas = {spec.name: Arena(_arena_name(args, spec.name), args.arena_slots,
                                        engines[spec.name].dim, create=True) for spec in args.models}
         except devices.DeviceUnavailable as exc:  # a configuration error: no traceback
@@ -52,7 +52,7 @@ def main(args: protocol.WorkerArgs) -> None:
         scheduler = Scheduler()
         for spec in args.models:
             scheduler.add_model(spec.name, spec.max_batch_tokens, spec.max_batch_size, engines[spec.name].pad_id,
-                                overheads[spec.name], engines[spec.name].lanes, engines[spec.name].widens)
+                                *costs[spec.name], engines[spec.name].lanes, engines[spec.name].widens)
         threading.Thread(target=_guarded, args=(_receive, context, args, inbox, scheduler), daemon=True,
                          name="receiver").start()
         sender = _Sender(to_front)
@@ -73,29 +73,36 @@ def _arena_name(args: protocol.WorkerArgs, model: str) -> str:
     return args.arena_prefix + re.sub(r"[^A-Za-z0-9_.-]", "_", f"{args.name}-{model}")
 
 
-def _warm_up(engine: Engine, max_length: int) -> float:
+def _warm_up(engine: Engine, max_length: int) -> tuple[float, float]:
     """Run the shapes the first requests will have, so they pay no one-time costs, and
-    return the fixed cost of a forward pass in tokens' worth of compute: timing a small
-    and a large batch fits time = overhead + per_token x padded tokens."""
-    def seconds(rows: int, length: int, wide: bool = False) -> float:
-        ids = np.full((rows, length), engine.pad_id + 1, dtype=np.int64)
-        mask, types = np.ones_like(ids), np.zeros_like(ids)
+    return the batching cost model: the fixed cost of a forward pass in tokens' worth of
+    compute, and what a padding token costs against a token. Timing one short input, four
+    long ones and one long with three short fits time = fixed + per_token x (tokens +
+    weight x padding)."""
+    def seconds(lengths: list[int], wide: bool = False) -> float:
+        ids = np.full((len(lengths), max(lengths)), engine.pad_id, dtype=np.int64)
+        mask = (np.arange(ids.shape[1]) < np.array(lengths)[:, None]).astype(np.int64)
+        ids[mask == 1] = engine.pad_id + 1
+        types = np.zeros_like(ids)
         return best_seconds(lambda: engine.forward(ids, mask, types, wide=wide))
 
     # Every lane once, at the same time: a backend may hold one replica per lane.
     with ThreadPoolExecutor(engine.lanes) as lanes:
-        list(lanes.map(lambda _: seconds(1, max_length), range(engine.lanes)))
+        list(lanes.map(lambda _: seconds([max_length]), range(engine.lanes)))
     if engine.widens:
-        seconds(1, max_length, wide=True)
-    small_length, large_rows, large_length = min(16, max_length), 4, min(128, max_length)
-    small, large = seconds(1, small_length), seconds(large_rows, large_length)
-    per_token = max((large - small) / (large_rows * large_length - small_length), 1e-9)
+        seconds([max_length], wide=True)
+    short, long = min(16, max_length), min(128, max_length)
+    small, large, mixed = seconds([short]), seconds([long] * 4), seconds([long] + [short] * 3)
+    per_token = max((large - small) / (4 * long - short), 1e-9)
     # Clamped: a start on a busy machine must not leave a senseless cost model behind.
-    overhead_tokens = min(max(small / per_token - small_length, 4.0), 1024.0)
-    log.info("%s engine, %d lane(s)%s; forward pass: %.2f ms fixed, %.1f us per token: overhead = %.0f tokens",
-             engine.name, engine.lanes, ", wide pass for a lone input" if engine.widens else "",
-             (small - small_length * per_token) * 1e3, per_token * 1e6, overhead_tokens)
-    return overhead_tokens
+    overhead_tokens = min(max(small / per_token - short, 4.0), 1024.0)
+    padding = 3 * (long - short)
+    weight = 1.0 if padding == 0 else min(max(((mixed - small) / per_token - long - 2 * short) / padding, 0.0), 1.0)
+    log.info("%s engine, %d lane(s)%s; forward pass: %.2f ms fixed, %.1f us per token: overhead = %.0f tokens, "
+             "a padding token costs %.2f of a token", engine.name, engine.lanes,
+             ", wide pass for a lone input" if engine.widens else "",
+             (small - short * per_token) * 1e3, per_token * 1e6, overhead_tokens, weight)
+    return overhead_tokens, weight
 
 
 class _Sender:
