@@ -2,18 +2,21 @@
 does, without the server, for the same corpus the load generator sends.
 
 Per engine and dtype, over the corpus cut into batches of 32 after sorting by length (the
-engines issue's "batch 32 sorted by length"): sentences/s with a whole batch per lane at
-once, and with each batch shared by the lanes (rows interleaved, as the server shares a
-batch with idle lanes); then the median time of one short sentence on one lane and, for
-engines that widen, on all threads. The server's figures are read against the better of
-the two throughputs (bench/RESULTS.md).
+engines issue's "batch 32 sorted by length"): sentences/s of one batch at a time on all
+threads (the issue's "2 threads" figure: the wide copy for engines that run lanes, "-"
+where they keep none), with a whole batch per lane at once, and with each batch shared by
+the lanes (rows interleaved, as the server shares a batch with idle lanes); then the
+median time of one short sentence on one lane and, for engines that widen, on all threads.
+The server's figures are read against the issue's figure and against the better of the
+lane throughputs (bench/RESULTS.md).
 
-Usage: .venv/bin/python -m bench.engines [--engine onnx:float32 ...] [--texts 2048] [--threads 2]
+Usage: .venv/bin/python -m bench.engines [--engine onnx:float32 ...] [--texts 2048] [--threads 2] [--json]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import multiprocessing
 import statistics
 import time
@@ -37,18 +40,35 @@ def main() -> None:
     parser.add_argument("--engine", action="append", default=[], help="ENGINE:DTYPE; repeat (default: all)")
     parser.add_argument("--texts", type=int, default=2048)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--json", action="store_true", help="print each engine's figures as one JSON line")
     args = parser.parse_args()
 
-    print("| engine | dtype | batch 32 per lane, sentences/s | batch 32 shared, sentences/s "
-          "| one sentence p50 ms | wide, p50 ms |\n|---|---|---:|---:|---:|---:|")
+    if not args.json:
+        print("| engine | dtype | " + " | ".join(COLUMNS.values()) + " |\n|---|---|" + "---:|" * len(COLUMNS))
     for choice in args.engine or DEFAULT_ENGINES:
         # Each engine in a fresh process: one engine's thread pools must not slow the next.
         with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as child:
-            print(child.submit(_row, choice, args.texts, args.threads).result(), flush=True)
+            figures = child.submit(measure, choice, args.texts, args.threads).result()
+        if args.json:
+            print(json.dumps(figures), flush=True)
+        else:
+            cells = ("-" if figures[key] is None else f"{figures[key]:.{2 if key.endswith('ms') else 1}f}"
+                     for key in COLUMNS)
+            print(f"| {figures['engine']} | {figures['dtype']} | {' | '.join(cells)} |", flush=True)
 
 
-def _row(choice: str, texts: int, threads: int) -> str:
-    """The table row of ENGINE:DTYPE `choice`."""
+COLUMNS = {
+    "all_threads_per_s": "batch 32 on all threads, sentences/s",
+    "per_lane_per_s": "batch 32 per lane, sentences/s",
+    "shared_per_s": "batch 32 shared, sentences/s",
+    "one_p50_ms": "one sentence p50 ms",
+    "wide_p50_ms": "wide, p50 ms",
+}
+
+
+def measure(choice: str, texts: int, threads: int) -> dict[str, str | float | None]:
+    """The figures of ENGINE:DTYPE `choice` (keys of `COLUMNS`; None where the engine has
+    no such pass)."""
     name, dtype = choice.split(":")
     spec = resolve_model(ModelConfig(name="default", engine=name, dtype=dtype))
     engine = load_engine(spec, threads)
@@ -58,21 +78,25 @@ def _row(choice: str, texts: int, threads: int) -> str:
     tokenizer.enable_truncation(spec.max_length)
     corpus = sorted((np.array(e.ids) for e in tokenizer.encode_batch(sentences(texts, 0))), key=len)
     groups = [corpus[i:i + 32] for i in range(0, len(corpus), 32)]
+    figures: dict[str, str | float | None] = {"engine": name, "dtype": dtype, "all_threads_per_s": None}
     with ThreadPoolExecutor(engine.lanes) as lanes:
         per_lane = [pad_batch(group) for group in groups]
         shared = [pad_batch(group[i::engine.lanes]) for group in groups for i in range(engine.lanes)]
         for batch in per_lane[::8]:  # warm-up over the range of lengths
             engine.forward(*batch)
-        rates = []
-        for batches in (per_lane, shared):
+        if engine.lanes == 1 or engine.widens:
+            start = time.perf_counter()
+            for batch in per_lane:
+                engine.forward(*batch, wide=engine.widens)
+            figures["all_threads_per_s"] = len(corpus) / (time.perf_counter() - start)
+        for key, batches in (("per_lane_per_s", per_lane), ("shared_per_s", shared)):
             start = time.perf_counter()
             list(lanes.map(lambda batch: engine.forward(*batch), batches))
-            rates.append(len(corpus) / (time.perf_counter() - start))
+            figures[key] = len(corpus) / (time.perf_counter() - start)
     one = pad_batch([corpus[len(corpus) // 4]])
-    medians = [_median_seconds(lambda: engine.forward(*one, wide=wide)) * 1e3 if wide <= engine.widens else None
-               for wide in (False, True)]
-    cells = [f"{rates[0]:.1f}", f"{rates[1]:.1f}", *("-" if m is None else f"{m:.2f}" for m in medians)]
-    return f"| {name} | {dtype} | {' | '.join(cells)} |"
+    for key, wide in (("one_p50_ms", False), ("wide_p50_ms", True)):
+        figures[key] = _median_seconds(lambda: engine.forward(*one, wide=wide)) * 1e3 if wide <= engine.widens else None
+    return figures
 
 
 def _median_seconds(call: Callable[[], object], repeats: int = 50) -> float:

@@ -3,14 +3,16 @@
 One run, on this machine:
 
 1. the ceiling (``bench.ceiling``) in a child process, so its model and threads
-   are gone before any server starts;
+   are gone before any server starts, and, for each ``--engine-ceiling``, that
+   engine's in-process figures (``bench.engines``), likewise in a child;
 2. for each target, in turn: start the server on a free loopback port in its own
    process group, wait for ``GET /health`` to answer 200, check one embeddings
    request, run every load shape with ``bench.loadgen``, then stop the whole
    process group (SIGTERM, SIGKILL after a grace period), also on errors,
    Ctrl-C or SIGTERM, so no server outlives the run;
 3. print a markdown table (sentences/s, p50, p99, ratio to the ceiling's
-   batch-32 sentences/s) and save it with the raw JSON under ``bench/out/``.
+   batch-32 sentences/s; with engine ceilings, a second table of each load against
+   them) and save it with the raw JSON under ``bench/out/``.
 
 The machine has few cores and may be shared, so before the ceiling and before
 each load the driver waits (``--idle-wait``) for other processes to leave the
@@ -30,6 +32,7 @@ with the server, as a real client on the same host would.
 Usage:
     .venv/bin/python -m bench.run --target infinity-torch --target infinity-ct2
     .venv/bin/python -m bench.run --target ours --duration 20
+    .venv/bin/python -m bench.run --target ours --target infinity-ct2 --engine-ceiling ctranslate2:float32
 """
 
 from __future__ import annotations
@@ -205,6 +208,14 @@ def run_ceiling(args: argparse.Namespace) -> dict[str, float]:
     return measure_child(args, command)
 
 
+def run_engine_ceiling(args: argparse.Namespace, choice: str) -> dict[str, float]:
+    """Run ``bench.engines`` for ENGINE:DTYPE ``choice`` in a child process and return its
+    figures (``bench.engines.COLUMNS``), with the CPU shares of ``measure_child``."""
+    command = [sys.executable, "-m", "bench.engines", "--json", "--engine", choice, "--threads", str(args.threads)]
+    print(f"$ {shlex.join(command)}", flush=True)
+    return measure_child(args, command)
+
+
 def measure_child(args: argparse.Namespace, command: list[str]) -> dict[str, float]:
     """Run ``command`` (a measurement that prints one JSON object as its last line) in a
     child process on a quiet machine, redone while others disturbed it (``--idle-wait``,
@@ -360,8 +371,11 @@ def fmt_number(value: float, digits: int = 1) -> str:
     return "n/a" if math.isnan(value) else f"{value:.{digits}f}"
 
 
-def markdown_table(ceiling: dict[str, float], reports: list[TargetReport]) -> str:
-    """Render the ceiling and every target's loads as one markdown table."""
+def markdown_table(ceiling: dict[str, float], reports: list[TargetReport],
+                   engines: list[dict[str, float]] | None = None) -> str:
+    """Render the ceiling and every target's loads as one markdown table, then, with
+    engine ceilings, every load against each engine's one pass on all threads and its
+    better lane arrangement."""
     peak = ceiling["batch_sentences_per_s"]
     others = f"{ceiling['others_during']:.0%}"
     lines = [
@@ -384,7 +398,32 @@ def markdown_table(ceiling: dict[str, float], reports: list[TargetReport]) -> st
                 f"{fmt_number(r.p99_ms)} | {r.errors} | {r.sentences_per_s / peak:.2f} | "
                 f"{m.others_during:.0%} |"
             )
+    if not engines:
+        return "\n".join(lines)
+    engine_rows = []
+    for e in engines:
+        name, others = f"engine {e['engine']} {e['dtype']} (in-process)", f"{e['others_during']:.0%}"
+        for what, rate in (("batch 32, one pass on all threads", e["all_threads_per_s"]),
+                           ("batch 32, best of lanes", _best_of_lanes(e))):
+            ratio = "n/a" if rate is None else f"{rate / peak:.2f}"
+            engine_rows.append(f"| {name} | {what} | {fmt_number(rate or math.nan)} | - | - | - | 0 | {ratio} | {others} |")
+    lines[4:4] = engine_rows
+    lines += ["", "| target | load | sentences/s | "
+              + " | ".join(f"vs {e['engine']} {e['dtype']}, {what}" for e in engines
+                           for what in ("all threads", "best of lanes")) + " |",
+              "|---|---|---:|" + "---:|" * 2 * len(engines)]
+    for report in reports:
+        for m in report.results:
+            r = m.load
+            ratios = [fmt_number(r.sentences_per_s / rate if rate else math.nan, 2)
+                      for e in engines for rate in (e["all_threads_per_s"], _best_of_lanes(e))]
+            lines.append(f"| {report.name} | {LoadShape(r.batch, r.concurrency).label} | "
+                         f"{r.sentences_per_s:.1f} | {' | '.join(ratios)} |")
     return "\n".join(lines)
+
+
+def _best_of_lanes(engine: dict[str, float]) -> float:
+    return max(engine["per_lane_per_s"], engine["shared_per_s"])
 
 
 def _raise_exit(signum: int, _frame: FrameType | None) -> None:
@@ -412,6 +451,8 @@ def _parse_args() -> argparse.Namespace:
     parser.add_argument("--device", default="cpu", help="device of the in-process ceiling (cpu, cuda)")
     parser.add_argument("--ceiling-duration", type=float, default=20.0)
     parser.add_argument("--ceiling-chunk", type=int, default=1024, help="texts per encode() call")
+    parser.add_argument("--engine-ceiling", action="append", default=[], metavar="ENGINE:DTYPE",
+                        help="also measure this engine in process (bench.engines); repeat for several")
     parser.add_argument("--health-timeout", type=float, default=300.0, help="seconds")
     parser.add_argument(
         "--idle-wait", type=float, default=120.0,
@@ -448,15 +489,17 @@ def main() -> int:
         f"others' CPU {ceiling['others_during']:.0%}",
         flush=True,
     )
+    engines = [run_engine_ceiling(args, choice) for choice in args.engine_ceiling]
     reports = [bench_target(target, shapes, args, stamp) for target in targets]
 
-    table = markdown_table(ceiling, reports)
+    table = markdown_table(ceiling, reports, engines)
     print(f"\n{table}")
     (OUT_DIR / f"{stamp}.md").write_text(table + "\n")
     raw = {
         "date": stamp,
         "args": vars(args),
         "ceiling": ceiling,
+        "engine_ceilings": engines,
         "targets": [asdict(report) for report in reports],
     }
     (OUT_DIR / f"{stamp}.json").write_text(json.dumps(raw, indent=2) + "\n")
