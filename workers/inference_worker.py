@@ -79,20 +79,20 @@ def _warm_up(engine: Engine, max_length: int) -> tuple[float, float]:
     compute, and what a padding token costs against a token. Timing one short input, four
     long ones and one long with three short fits time = fixed + per_token x (tokens +
     weight x padding)."""
-    def seconds(lengths: list[int], wide: bool = False) -> float:
+    def forward(lengths: list[int], wide: bool = False) -> Callable[[], object]:
         ids = np.full((len(lengths), max(lengths)), engine.pad_id, dtype=np.int64)
         mask = (np.arange(ids.shape[1]) < np.array(lengths)[:, None]).astype(np.int64)
         ids[mask == 1] = engine.pad_id + 1
         types = np.zeros_like(ids)
-        return best_seconds(lambda: engine.forward(ids, mask, types, wide=wide))
+        return lambda: engine.forward(ids, mask, types, wide=wide)
 
     # Every lane once, at the same time: a backend may hold one replica per lane.
     with ThreadPoolExecutor(engine.lanes) as lanes:
-        list(lanes.map(lambda _: seconds([max_length]), range(engine.lanes)))
+        list(lanes.map(lambda _: forward([max_length])(), range(engine.lanes)))
     if engine.widens:
-        seconds([max_length], wide=True)
+        forward([max_length], wide=True)()
     short, long = min(16, max_length), min(128, max_length)
-    small, large, mixed = seconds([short]), seconds([long] * 4), seconds([long] + [short] * 3)
+    small, large, mixed = best_seconds([forward([short]), forward([long] * 4), forward([long] + [short] * 3)])
     per_token = max((large - small) / (4 * long - short), 1e-9)
     # Clamped: a start on a busy machine must not leave a senseless cost model behind.
     overhead_tokens = min(max(small / per_token - short, 4.0), 1024.0)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Protocol
 
@@ -95,24 +95,28 @@ def wide_copy_pays(engine: Engine, max_length: int) -> bool:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        seconds = {True: 0.0, False: 0.0}
+        wide_seconds = lane_seconds = 0.0
         for length in {min(16, max_length), min(64, max_length)}:
             ids = np.full((1, length), engine.pad_id + 1, dtype=np.int64)
             mask, types = np.ones_like(ids), np.zeros_like(ids)
-            for wide in seconds:
-                seconds[wide] += best_seconds(lambda: engine.forward(ids, mask, types, wide=wide))
+            wide, lane = best_seconds([lambda: engine.forward(ids, mask, types, wide=True),
+                                       lambda: engine.forward(ids, mask, types)])
+            wide_seconds, lane_seconds = wide_seconds + wide, lane_seconds + lane
     finally:
         torch.set_num_threads(threads)
-    return seconds[True] < WIDE_COPY_MAX_TIME * seconds[False]
+    return wide_seconds < WIDE_COPY_MAX_TIME * lane_seconds
 
 
-def best_seconds(call: Callable[[], object], repeats: int = 5) -> float:
-    """The least disturbed of `repeats` timed calls, after one untimed call that pays any
-    one-time costs (other processes may be busy, at a server's start most of all)."""
-    call()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
+def best_seconds(calls: Sequence[Callable[[], object]], repeats: int = 5) -> list[float]:
+    """The least disturbed of `repeats` timed runs of each call, after one untimed run
+    that pays any one-time costs. Other processes may be busy (at a server's start most of
+    all), so the calls are timed in turns: a disturbance falls on all of them alike."""
+    for call in calls:
         call()
-        times.append(time.perf_counter() - start)
-    return min(times)
+    best = [float("inf")] * len(calls)
+    for _ in range(repeats):
+        for index, call in enumerate(calls):
+            start = time.perf_counter()
+            call()
+            best[index] = min(best[index], time.perf_counter() - start)
+    return best
