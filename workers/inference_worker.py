@@ -73,12 +73,19 @@ def _arena_name(args: protocol.WorkerArgs, model: str) -> str:
     return args.arena_prefix + re.sub(r"[^A-Za-z0-9_.-]", "_", f"{args.name}-{model}")
 
 
+MIXED_SHORT = 15  # short inputs next to the long one in the warm-up's mixed batch
+
+
 def _warm_up(engine: Engine, max_length: int) -> tuple[float, float]:
     """Run the shapes the first requests will have, so they pay no one-time costs, and
     return the batching cost model: the fixed cost of a forward pass in tokens' worth of
     compute, and what a padding token costs against a token. Timing one short input, four
-    long ones and one long with three short fits time = fixed + per_token x (tokens +
-    weight x padding)."""
+    long ones and one long with fifteen short fits time = fixed + per_token x (tokens +
+    weight x padding). The mixed batch has 16 rows because what padding costs depends on
+    the batch: CTranslate2 float32 skips most of it in batches of up to 8 rows (a weight of
+    0.1) but not in 12 to 17 (0.55), and the scheduler must not merge long and short
+    inputs where that is dear (bench/RESULTS.md, "The engine's ceiling as the engines
+    issue measures it")."""
     def forward(lengths: list[int], wide: bool = False) -> Callable[[], object]:
         ids = np.full((len(lengths), max(lengths)), engine.pad_id, dtype=np.int64)
         mask = (np.arange(ids.shape[1]) < np.array(lengths)[:, None]).astype(np.int64)
@@ -92,12 +99,13 @@ def _warm_up(engine: Engine, max_length: int) -> tuple[float, float]:
     if engine.widens:
         forward([max_length], wide=True)()
     short, long = min(16, max_length), min(128, max_length)
-    small, large, mixed = best_seconds([forward([short]), forward([long] * 4), forward([long] + [short] * 3)])
+    small, large, mixed = best_seconds([forward([short]), forward([long] * 4), forward([long] + [short] * MIXED_SHORT)])
     per_token = max((large - small) / (4 * long - short), 1e-9)
     # Clamped: a start on a busy machine must not leave a senseless cost model behind.
     overhead_tokens = min(max(small / per_token - short, 4.0), 1024.0)
-    padding = 3 * (long - short)
-    weight = 1.0 if padding == 0 else min(max(((mixed - small) / per_token - long - 2 * short) / padding, 0.0), 1.0)
+    padding = MIXED_SHORT * (long - short)
+    weight = 1.0 if padding == 0 else min(max(((mixed - small) / per_token - long - (MIXED_SHORT - 1) * short)
+                                              / padding, 0.0), 1.0)
     log.info("%s engine, %d lane(s)%s; forward pass: %.2f ms fixed, %.1f us per token: overhead = %.0f tokens, "
              "a padding token costs %.2f of a token", engine.name, engine.lanes,
              ", wide pass for a lone input" if engine.widens else "",
