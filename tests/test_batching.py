@@ -297,3 +297,21 @@ def test_warm_up_fits_the_pass_overhead_and_the_cost_of_padding():
     overhead, weight = _warm_up(_CostedEngine(), max_length=256)
     assert overhead == pytest.approx(100, abs=25)  # 2 ms / 20 us
     assert weight == pytest.approx(0.25, abs=0.1)
+
+
+class _MidSizePaddingEngine(_CostedEngine):
+    """Like CTranslate2 float32: padding costs 0.1 of a token in batches of up to 8 rows,
+    0.5 in larger ones."""
+
+    def forward(self, input_ids, attention_mask, token_type_ids, wide=False):
+        tokens = int(attention_mask.sum())
+        padding_weight = 0.1 if len(input_ids) <= 8 else 0.5
+        time.sleep(2e-3 + 20e-6 * (tokens + padding_weight * (attention_mask.size - tokens)))
+        return np.zeros((len(input_ids), 1), dtype=np.float32)
+
+
+def test_warm_up_prices_padding_as_a_mid_size_batch_pays_it():
+    from workers.inference_worker import _warm_up
+
+    _, weight = _warm_up(_MidSizePaddingEngine(), max_length=256)
+    assert weight == pytest.approx(0.5, abs=0.1)
