@@ -69,9 +69,8 @@ def _serve(config, specs) -> int:  # type: ignore[no-untyped-def]
 
     from infinity import shm
     from infinity.app import EXIT_CODE, create_app
-    from infinity.supervisor import remove_stale_run_dirs
 
-    stale = shm.remove_stale() + remove_stale_run_dirs()
+    stale = shm.remove_stale()
     if stale:
         logging.info("removed what stopped servers left behind: %s", ", ".join(stale))
     loop = uvloop.new_event_loop()

@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import shutil
-import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -29,7 +27,7 @@ from infinity.config import ServerConfig
 from infinity.errors import APIError
 from infinity.protocol import ModelSpec
 from infinity.schemas import ModelInputs
-from infinity.supervisor import Child, plan_cpus, run_dir_prefix, usable_cpus
+from infinity.supervisor import Child, plan_cpus, usable_cpus
 from workers import devices, inference_worker, tokenizer_worker
 from workers.tokenization import ModelTokenizer, reply
 
@@ -149,8 +147,7 @@ class Result:
 class Pipeline:
     def __init__(self, server: ServerConfig, specs: list[ModelSpec]) -> None:
         self._server = server
-        self._rundir = tempfile.mkdtemp(prefix=run_dir_prefix())
-        self._arena_prefix = shm.server_prefix()
+        self._folder = shm.ServerFolder()  # arenas and socket files
         self._context = zmq.Context()
         self._inbox = self._context.socket(zmq.PULL)
         self._inbox.setsockopt(zmq.LINGER, 0)
@@ -209,12 +206,12 @@ class Pipeline:
         return tokenizers
 
     def _endpoint(self, name: str) -> str:
-        return f"ipc://{self._rundir}/{name.replace(':', '_')}"
+        return f"ipc://{self._folder.path}/{name.replace(':', '_')}"
 
     def _args(self, name: str, specs: list[ModelSpec], cpus: list[int] | None, threads: int) -> protocol.WorkerArgs:
         return protocol.WorkerArgs(
             name=name, front_endpoint=self._endpoint("front"), endpoint=self._endpoint(name),
-            models=specs, cpus=cpus, threads=threads, arena_prefix=self._arena_prefix,
+            models=specs, cpus=cpus, threads=threads, arena_prefix=self._folder.arena_prefix(),
             arena_slots=self._server.max_queued_items, log_level=self._server.log_level,
         )
 
@@ -416,8 +413,7 @@ class Pipeline:
         asyncio.get_running_loop().remove_reader(self._inbox.getsockopt(zmq.FD))
         self._inbox.close(linger=0)
         self._context.term()
-        shm.remove_with_prefix(self._arena_prefix)
-        shutil.rmtree(self._rundir, ignore_errors=True)
+        self._folder.remove()
 
     def _reap_all(self) -> None:
         for child in self.children:

@@ -1,21 +1,30 @@
-"""Shared-memory arenas that carry result vectors from an inference process to the
-front end, and the slot pool the front end allocates them from.
+"""Shared memory of one server: its folder under /dev/shm, the arenas in it that carry
+result vectors from an inference process to the front end, and the slot pool the front
+end allocates them from.
 
-An arena is a POSIX shared-memory file of `slots` rows of `dim` float32. The inference
-process creates it when its model is loaded and writes row i when told to; the front end
-maps it, allocates rows to requests before they are queued (so a full pool is the
-admission limit) and reads the vectors in place. The front end alone removes arenas:
-at a clean stop, when a child dies, and at start for any arena of a server that no
-longer runs. Arenas are plain files under /dev/shm opened with `mmap`, not
-`multiprocessing.shared_memory`, so no resource tracker in any process unlinks them
-behind the owner's back.
+Each server start owns one folder, `/dev/shm/infinity-emb-<pid>-<token>`, holding its
+arenas and its ZeroMQ socket files, and a `lock` file the front end holds locked (flock)
+for as long as it runs. The random token keeps two servers apart even when their pids are
+alike (pid 1 in containers that share an IPC namespace); a folder is stale, and removed at
+the next start, only when its lock can be taken, that is when its owner is gone, whatever
+its pid.
+
+An arena is a file of `slots` rows of `dim` float32 in that folder. The inference process
+creates it when its model is loaded and writes row i when told to; the front end maps it,
+allocates rows to requests before they are queued (so a full pool is the admission limit)
+and reads the vectors in place. The front end alone removes arenas: at a clean stop, when
+a child dies, and at start for the folder of a server that no longer runs. Arenas are
+plain files opened with `mmap`, not `multiprocessing.shared_memory`, so no resource
+tracker in any process unlinks them behind the owner's back.
 """
 
 from __future__ import annotations
 
+import fcntl
 import mmap
 import os
-import re
+import secrets
+import shutil
 from collections import deque
 from pathlib import Path
 
@@ -23,12 +32,56 @@ import numpy as np
 
 SHM_DIR = Path("/dev/shm")
 _PREFIX = "infinity-emb"
-_NAME = re.compile(rf"^{_PREFIX}-(\d+)-")
+_LOCK = "lock"
 
 
-def server_prefix(pid: int | None = None) -> str:
-    """The name prefix of every arena of the server whose front end has `pid`."""
-    return f"{_PREFIX}-{os.getpid() if pid is None else pid}-"
+class ServerFolder:
+    """This server start's folder under /dev/shm, locked while the front end runs."""
+
+    def __init__(self) -> None:
+        self.name = f"{_PREFIX}-{os.getpid()}-{secrets.token_hex(4)}"
+        self.path = SHM_DIR / self.name
+        # Built under a hidden name and renamed once locked, so that no other server's
+        # clean-up ever sees this folder unlocked.
+        staging = SHM_DIR / f".{self.name}"
+        staging.mkdir(mode=0o700)
+        self._lock = os.open(staging / _LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        staging.rename(self.path)
+
+    def arena_prefix(self) -> str:
+        """What arena names start with: they live in this folder."""
+        return f"{self.name}/"
+
+    def remove(self) -> None:
+        """Remove the folder and everything in it, then let go of the lock."""
+        shutil.rmtree(self.path, ignore_errors=True)
+        os.close(self._lock)
+
+
+def remove_stale() -> list[str]:
+    """Remove the folders of servers that no longer run (their lock is free, or gone
+    with a removal cut short); return their names."""
+    removed = []
+    for path in SHM_DIR.glob(f"{_PREFIX}-*"):
+        if path.is_dir() and not _in_use(path):
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path.name)
+    return removed
+
+
+def _in_use(folder: Path) -> bool:
+    try:
+        fd = os.open(folder / _LOCK, os.O_RDWR | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # closing releases the lock if it was taken
+    return False
 
 
 class Arena:
@@ -61,32 +114,6 @@ def remove(name: str) -> None:
         (SHM_DIR / name).unlink()
     except FileNotFoundError:
         pass
-
-
-def remove_with_prefix(prefix: str) -> None:
-    for path in SHM_DIR.glob(f"{prefix}*"):
-        remove(path.name)
-
-
-def remove_stale() -> list[str]:
-    """Remove arenas left by servers whose front-end process is gone; return their names."""
-    removed = []
-    for path in SHM_DIR.glob(f"{_PREFIX}-*"):
-        match = _NAME.match(path.name)
-        if match and not pid_alive(int(match.group(1))):
-            remove(path.name)
-            removed.append(path.name)
-    return removed
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class SlotPool:

@@ -11,15 +11,12 @@ import asyncio
 import logging
 import multiprocessing
 import os
-import shutil
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 import zmq
 
-from infinity import protocol, shm
+from infinity import protocol
 
 log = logging.getLogger(__name__)
 
@@ -68,22 +65,6 @@ def _split(cpus: list[int], parts: int) -> list[list[int]]:
     size, extra = divmod(len(cpus), parts)
     starts = [i * size + min(i, extra) for i in range(parts + 1)]
     return [cpus[start:end] for start, end in zip(starts, starts[1:])]
-
-
-def run_dir_prefix(pid: int | None = None) -> str:
-    """Name prefix of the temporary folder holding a server's ZeroMQ socket files."""
-    return f"infinity-{os.getpid() if pid is None else pid}-"
-
-
-def remove_stale_run_dirs() -> list[str]:
-    """Remove socket folders of servers whose front end is gone (killed, say)."""
-    removed = []
-    for path in Path(tempfile.gettempdir()).glob("infinity-*-*"):
-        pid = path.name.split("-")[1]
-        if path.is_dir() and pid.isdigit() and not shm.pid_alive(int(pid)):
-            shutil.rmtree(path, ignore_errors=True)
-            removed.append(str(path))
-    return removed
 
 
 def usable_cpus() -> list[int]:

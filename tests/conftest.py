@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import random
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -102,7 +103,26 @@ def wait_until(predicate, timeout: float, interval: float = 0.05) -> bool:
 
 
 def shm_segments(pid: int) -> list[str]:
-    return sorted(p.name for p in SHM_DIR.glob(f"infinity-emb-{pid}-*"))
+    """Everything under /dev/shm of the server whose front end is `pid`: its folders and
+    what is in them (arenas, the lock, socket files), as paths relative to /dev/shm."""
+    found = []
+    for folder in SHM_DIR.glob(f"infinity-emb-{pid}-*"):
+        found.append(folder.name)
+        if folder.is_dir():
+            found.extend(str(p.relative_to(SHM_DIR)) for p in folder.iterdir())
+    return sorted(found)
+
+
+def shm_arenas(pid: int) -> list[str]:
+    """The result arenas of the server whose front end is `pid`."""
+    return sorted(str(p.relative_to(SHM_DIR)) for p in SHM_DIR.glob(f"infinity-emb-{pid}-*/*")
+                  if p.is_file() and p.name != "lock")
+
+
+def remove_shm(pid: int) -> None:
+    """Remove what the server whose front end is `pid` left under /dev/shm."""
+    for folder in SHM_DIR.glob(f"infinity-emb-{pid}-*"):
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 class ServerFailed(RuntimeError):
@@ -230,8 +250,7 @@ class ServerProcess:
             self.kill()
         finally:
             if self.proc is not None:
-                for name in shm_segments(self.pid):
-                    (SHM_DIR / name).unlink(missing_ok=True)
+                remove_shm(self.pid)
             if hasattr(self, "_log"):
                 self._log.close()
 

@@ -20,7 +20,7 @@ from infinity.config import ConfigError, ModelConfig, load_config
 from infinity.pipeline import Replica, ServedModel
 from infinity.supervisor import plan_cpus
 from tests.conftest import (MODEL_NAME, assert_close, assert_error, decode_embedding, pid_alive,
-                            shm_segments, wait_until)
+                            shm_arenas, shm_segments, wait_until)
 from workers import devices
 from workers.models import resolve_replicas
 
@@ -220,7 +220,7 @@ def test_two_cpu_replicas_share_the_load_and_cover_for_each_other(start_server, 
     server = start_server(config='[[models]]\ndevice = ["cpu:0", "cpu:1"]\n')
     pids = server.worker_pids()
     assert {"inference-cpu", "inference-cpu:1"} <= set(pids), pids
-    assert len(shm_segments(server.pid)) == 2  # an arena per replica
+    assert len(shm_arenas(server.pid)) == 2  # an arena per replica
     assert server.get("/v1/models").json()["data"][0]["devices"] == ["cpu", "cpu:1"]
 
     # Concurrent requests: each goes to the replica with fewer inputs in flight.
@@ -259,7 +259,7 @@ def test_two_cpu_replicas_share_the_load_and_cover_for_each_other(start_server, 
     server.wait_ready(120)
     assert all(replica["ready"] for replica in _replicas(server).values())
     assert not pid_alive(victim)
-    assert len(shm_segments(server.pid)) == 2
+    assert len(shm_arenas(server.pid)) == 2
 
 
 @pytest.mark.gpu

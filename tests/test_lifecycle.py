@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import signal
 import threading
 import time
@@ -17,7 +16,7 @@ import pytest
 import requests
 
 from tests.conftest import (MODEL_NAME, SHM_DIR, assert_close, assert_error, decode_embedding, pid_alive,
-                            shm_segments, start_server_process, wait_until)
+                            shm_arenas, shm_segments, start_server_process, wait_until)
 
 pytestmark = pytest.mark.timeout(400)
 
@@ -39,7 +38,7 @@ def assert_clean_exit(server, signum: int) -> None:
     pid = server.pid
     children = server.record_children()
     assert len(children) >= 2, f"expected a tokenizer and an inference child, found {children}"
-    assert shm_segments(pid), "a running server has its arena in /dev/shm"
+    assert shm_arenas(pid), "a running server has its arena in /dev/shm"
     run_dir = server.run_dir()
     assert run_dir is not None and run_dir.is_dir(), "the front end's ipc sockets live in a folder"
     start = time.monotonic()
@@ -188,7 +187,7 @@ def _check_recovery(server, child: str, victim: int, log_mark: int, sentences, r
     for i, item in enumerate(response.json()["data"]):
         assert_close(decode_embedding(item["embedding"]), reference_vectors[i], f"input {i} after restart")
     # One arena per model, the restarted child's; the dead one's was removed.
-    assert len(shm_segments(server.pid)) == 1, shm_segments(server.pid)
+    assert len(shm_arenas(server.pid)) == 1, shm_arenas(server.pid)
 
 
 def _assert_failed_quickly(results) -> None:
@@ -279,5 +278,4 @@ def test_kill_front_end_children_follow_and_next_start_cleans_up(start_server):
     second = start_server()
     assert second.embed(["after the crash"]).status_code == 200
     assert not any((SHM_DIR / name).exists() for name in segments), "stale segments not removed at start"
-    if run_dir is not None:  # the dead front end could not remove its ipc folder; the test does
-        shutil.rmtree(run_dir, ignore_errors=True)
+    assert run_dir is not None and not run_dir.exists(), f"stale ipc folder {run_dir} not removed at start"

@@ -1,5 +1,8 @@
 """Unit tests of the message protocol, request-body checks and the shared-memory arena."""
 
+import os
+import shutil
+
 import msgspec
 import numpy as np
 import pytest
@@ -71,32 +74,45 @@ def test_decode_body_statuses():
 
 
 def test_arena_is_shared_between_mappings_and_removed_by_name():
-    name = shm.server_prefix() + "unit-test"
+    folder = shm.ServerFolder()
+    name = folder.arena_prefix() + "unit-test"
     writer = shm.Arena(name, slots=4, dim=3, create=True)
     try:
         reader = shm.Arena(name, slots=4, dim=3, create=False)
         writer.rows[2] = [1.0, 2.0, 3.0]
         assert reader.rows[2].tolist() == [1.0, 2.0, 3.0]
         reader.close()
-    finally:
         writer.close()
         shm.remove(name)
-    assert not (shm.SHM_DIR / name).exists()
-
-
-def test_stale_arenas_of_dead_servers_are_removed():
-    dead_pid = 2 ** 22 + 12345  # above pid_max's default: no such process
-    stale = f"infinity-emb-{dead_pid}-inference-cpu-m"
-    live = shm.server_prefix() + "keep"
-    for name in (stale, live):
-        shm.Arena(name, 1, 1, create=True).close()
-    try:
-        assert stale in shm.remove_stale()
-        assert not (shm.SHM_DIR / stale).exists()
-        assert (shm.SHM_DIR / live).exists()
+        assert not (shm.SHM_DIR / name).exists()
     finally:
-        shm.remove(live)
-        shm.remove(stale)
+        folder.remove()
+    assert not folder.path.exists()
+
+
+def test_only_folders_of_servers_that_are_gone_are_removed_whatever_their_pid():
+    """Two servers with the same pid (pid 1 in two containers sharing /dev/shm) keep their
+    folders apart; a folder is stale only when its lock is free or missing."""
+    live = shm.ServerFolder()
+    same_pid = shm.ServerFolder()
+    dead = shm.SHM_DIR / f"infinity-emb-{os.getpid()}-deadbeef"  # its owner exited: lock free
+    cut_short = shm.SHM_DIR / f"infinity-emb-{os.getpid()}-0badc0de"  # removal cut short: no lock
+    for folder in (dead, cut_short):
+        folder.mkdir()
+        (folder / "inference-cpu-m").write_bytes(b"\0" * 8)
+    (dead / "lock").touch()
+    try:
+        assert live.name != same_pid.name and live.name.startswith(f"infinity-emb-{os.getpid()}-")
+        removed = shm.remove_stale()
+        assert {dead.name, cut_short.name} <= set(removed)
+        assert not dead.exists() and not cut_short.exists()
+        assert live.path.is_dir() and same_pid.path.is_dir()
+        assert live.name not in removed and same_pid.name not in removed
+    finally:
+        live.remove()
+        same_pid.remove()
+        shutil.rmtree(dead, ignore_errors=True)
+        shutil.rmtree(cut_short, ignore_errors=True)
 
 
 def test_slot_pool_admits_only_what_fits():

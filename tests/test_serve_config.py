@@ -15,7 +15,8 @@ import pytest
 import requests
 
 from tests.conftest import (DIM, MAX_LENGTH, MODEL_NAME, REPO, assert_close, assert_error, cosine,
-                            decode_embedding, free_port, pid_alive, shm_segments, wait_until, SHM_DIR)
+                            decode_embedding, free_port, pid_alive, remove_shm, shm_arenas, shm_segments,
+                            wait_until)
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -35,8 +36,7 @@ def _run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 60)
         except subprocess.TimeoutExpired:
             process.kill()
             stdout, stderr = process.communicate()
-        for name in shm_segments(process.pid):
-            (SHM_DIR / name).unlink(missing_ok=True)
+        remove_shm(process.pid)
         pytest.fail(f"{args} still ran after {timeout}s:\n{stderr}")
     return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
 
@@ -280,8 +280,8 @@ def test_models_are_served_concurrently(multi_server, sentences, reference_vecto
 
 def test_multi_model_server_stops_cleanly(multi_server):
     children = multi_server.record_children()
-    segments = shm_segments(multi_server.pid)
-    assert len(segments) == 2, segments  # one arena per model
+    arenas = shm_arenas(multi_server.pid)
+    assert len(arenas) == 2, arenas  # one arena per model
     assert multi_server.stop(signal.SIGTERM) == 0
     assert wait_until(lambda: not any(pid_alive(c) for c in children), 3)
     assert shm_segments(multi_server.pid) == []
