@@ -15,10 +15,12 @@ import signal
 import time
 import uuid
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import msgspec
 import numpy as np
-from aiohttp import web
+from aiohttp import hdrs, web
+from msgspec import Struct
 
 from infinity.config import Config
 from infinity.errors import APIError, error_response
@@ -167,7 +169,7 @@ async def models(request: web.Request) -> web.Response:
 async def embeddings(request: web.Request) -> web.Response:
     """OpenAI embeddings; with `embedding_types`, each item holds `embeddings` by type
     instead of `embedding`."""
-    body = decode_body(await request.read(), EmbeddingRequest)
+    body = await _read(request, EmbeddingRequest)
     types = body.output_types(request.app[CONFIG].server.embedding_type)
     model = _served_model(request.app[PIPELINE], body.model, "embed")
     inputs = text_or_token_inputs(body.input, _max_items(request))
@@ -191,7 +193,7 @@ async def cohere_embed(request: web.Request) -> web.Response:
     """Cohere v1/v2 embed. v1 without `embedding_types` (and a float server default)
     answers `embeddings_floats`; otherwise `embeddings_by_type`, where Cohere's `base64`
     type is the base64 of the float32 values."""
-    body = decode_body(await request.read(), CohereEmbedRequest)
+    body = await _read(request, CohereEmbedRequest)
     default = request.app[CONFIG].server.embedding_type
     types = output_types(body.embedding_types, default)
     model = _served_model(request.app[PIPELINE], body.model, "embed")
@@ -213,7 +215,7 @@ async def cohere_embed(request: web.Request) -> web.Response:
 
 async def rerank(request: web.Request) -> web.Response:
     pipeline = request.app[PIPELINE]
-    body = decode_body(await request.read(), RerankRequest)
+    body = await _read(request, RerankRequest)
     model = _served_model(pipeline, body.model, "rerank")
     inputs = rerank_inputs(body, _max_items(request))
     result = await pipeline.run(model, inputs)
@@ -239,7 +241,7 @@ async def rerank(request: web.Request) -> web.Response:
 
 async def classify(request: web.Request) -> web.Response:
     pipeline = request.app[PIPELINE]
-    body = decode_body(await request.read(), ClassifyRequest)
+    body = await _read(request, ClassifyRequest)
     model = _served_model(pipeline, body.model, "classify")
     inputs = text_or_token_inputs(body.input, _max_items(request))
     result = await pipeline.run(model, inputs)
@@ -258,6 +260,24 @@ async def classify(request: web.Request) -> web.Response:
         "model": model.spec.name,
         "usage": _usage(result),
     }))
+
+
+async def _read(request: web.Request, request_type: type[Struct]) -> Any:
+    """The JSON body of `request`, decoded into `request_type`; a body of another declared
+    type is 415, one that cannot be read 400 (see `decode_body` for the rest)."""
+    if hdrs.CONTENT_TYPE in request.headers and not _is_json(request.content_type):
+        raise APIError(415, f"the request body must be JSON (Content-Type: application/json), "
+                            f"not {request.content_type}", code="unsupported_media_type")
+    try:
+        body = await request.read()
+    except web.RequestPayloadError as exc:
+        raise APIError(400, f"the request body could not be read: {exc}") from None
+    return decode_body(body, request_type)
+
+
+def _is_json(media_type: str) -> bool:
+    return media_type == "application/json" or (media_type.startswith("application/")
+                                                and media_type.endswith("+json"))
 
 
 def _usage(result: Result) -> dict[str, int]:

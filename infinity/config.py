@@ -46,6 +46,9 @@ class ModelConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     normalize: bool | None = None
     max_length: int | None = None
     truncate: bool = True
+    # Characters of one input the tokenizer reads at most (None: 64 per token of max_length).
+    # Up to it, a long input gives exactly the tokens of the whole text, cut to max_length.
+    max_input_chars: int | None = None
     # Padded tokens and inputs per batch. A wide window lets the scheduler group inputs of
     # similar length; measured on CPU, 64 beat 32 by about 10% at 64 concurrent clients.
     max_batch_tokens: int = 16384
@@ -56,6 +59,8 @@ class ModelConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     def __post_init__(self) -> None:
         if self.max_length is not None and self.max_length < 2:
             raise ConfigError("models.max_length must be at least 2")
+        if self.max_input_chars is not None and self.max_input_chars < 1:
+            raise ConfigError("models.max_input_chars must be positive")
         if self.max_batch_tokens < 1 or self.max_batch_size < 1:
             raise ConfigError("models.max_batch_tokens and models.max_batch_size must be positive")
         try:

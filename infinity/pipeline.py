@@ -247,7 +247,9 @@ class Pipeline:
             raise APIError(429, f"model '{model.spec.name}' has {model.pool.capacity - model.pool.free} inputs "
                                 "queued, its limit; retry later", code="overloaded", headers={"Retry-After": "1"})
         self._next_id += 1
-        request = protocol.Tokenize(self._next_id, model.spec.name, inputs.texts, inputs.token_ids, inputs.query)
+        limit = model.spec.max_input_chars
+        request = protocol.Tokenize(self._next_id, model.spec.name, _within(inputs.texts, limit), inputs.token_ids,
+                                    _within([inputs.query], limit)[0] if inputs.query is not None else None)
         if tokenizer is not None:
             try:
                 tokenizer.send(request)
@@ -424,3 +426,11 @@ def _small(inputs: ModelInputs) -> bool:
     """One input, cheap to tokenize: a text of at most `INLINE_MAX_CHARS`, or token ids."""
     return len(inputs) == 1 and inputs.query is None and (inputs.texts is None
                                                           or len(inputs.texts[0]) <= INLINE_MAX_CHARS)
+
+
+def _within(texts: list[str] | None, limit: int) -> list[str] | None:
+    """`texts`, each cut one character past the `limit` the tokenizer reads of an input (so
+    it still sees that the text was longer): nothing it would not read is sent to it."""
+    if texts is None or all(len(text) <= limit for text in texts):
+        return texts
+    return [text[:limit + 1] for text in texts]

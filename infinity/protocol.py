@@ -35,6 +35,7 @@ class ModelSpec(msgspec.Struct, frozen=True):
     normalize: bool
     max_length: int
     truncate: bool
+    max_input_chars: int  # characters of one input read at most (workers/tokenization.py)
     lowercase: bool  # sentence-transformers' do_lower_case: lower-case text before tokenizing
     max_batch_tokens: int
     max_batch_size: int

@@ -3,9 +3,11 @@ schema cannot express (the shapes `input` may take, limits)."""
 
 from __future__ import annotations
 
+import re
 from typing import Any, Literal, TypeVar
 
 import msgspec
+import numpy as np
 
 from infinity.errors import APIError
 from infinity.quantize import EmbeddingType
@@ -94,11 +96,49 @@ def decode_body(body: bytes, request_type: type[msgspec.Struct]) -> Any:
     if not body:
         raise APIError(400, "the request body is empty; send a JSON object")
     try:
-        return msgspec.json.decode(body, type=request_type)
+        request = msgspec.json.decode(body, type=request_type)
     except msgspec.ValidationError as exc:
         raise APIError(422, str(exc), param=_param_of(str(exc))) from None
     except msgspec.DecodeError as exc:
         raise APIError(400, f"the request body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise APIError(400, "the request body is nested too deeply") from None
+    repeated = _repeated_key(body)
+    if repeated is not None:
+        raise APIError(400, f"the request body names '{repeated}' more than once", param=repeated)
+    return request
+
+
+# A member's key and the separators around it, between two values of one JSON object.
+_KEY = re.compile(rb'\s*[{,]\s*("(?:[^"\\]|\\.)*")\s*:\s*')
+_END = re.compile(rb"\s*}\s*")
+
+
+def _repeated_key(body: bytes) -> str | None:
+    """The first key the top-level object of `body` (valid JSON) names twice, or None.
+
+    msgspec silently keeps the last of repeated keys, so a body that says two things is
+    refused instead. Found from where each kept value lies in the body (a decoded `Raw`
+    points into it): between two kept values there is room for one key only, and a dropped
+    member shows as a gap that holds more."""
+    values = msgspec.json.decode(body, type=dict[str, msgspec.Raw])
+    base = np.frombuffer(body, np.uint8).ctypes.data
+    spans = sorted((np.frombuffer(raw, np.uint8).ctypes.data - base, len(raw)) for raw in values.values())
+    position = 0
+    for start, length in spans:
+        key = _KEY.match(body, position, start)
+        if key is None or key.end() != start:
+            return _first_key(body, position)
+        position = start + length
+    if _END.fullmatch(body, position) is None:
+        return _first_key(body, position)
+    return None
+
+
+def _first_key(body: bytes, position: int) -> str:
+    """The key of the member that starts at `position` (the one a later member repeats)."""
+    key = _KEY.match(body, position)
+    return msgspec.json.decode(key.group(1)) if key else "?"
 
 
 def _param_of(message: str) -> str | None:

@@ -189,6 +189,18 @@ def test_long_input_with_truncation_on_is_cut(server, reference_model):
     assert_close(decode_embedding(body["data"][0]["embedding"]), reference_embed(reference_model, [text])[0])
 
 
+def test_a_16_mib_input_is_embedded_from_its_first_tokens(server, reference_model):
+    """One maximal input costs the tokenizer a prefix of it, not 16 MiB of work, and gives
+    the vector and usage of the whole text cut to max_length."""
+    text = ("all work and no play makes jack a dull boy " * 400_000)[:16 * 2 ** 20 - 200]
+    response = server.embed(text)
+    assert response.status_code == 200, response.text[:300]
+    body = response.json()
+    assert body["usage"]["prompt_tokens"] == MAX_LENGTH
+    assert body["usage"]["truncated_inputs"] == 1
+    assert_close(decode_embedding(body["data"][0]["embedding"]), reference_embed(reference_model, [text[:4000]])[0])
+
+
 # --- the huge-token-id crash: its own server, since the bug leaks queue slots ------------------
 
 @pytest.mark.parametrize("ids", [[[101, 2 ** 70, 102]], [101, -(2 ** 70), 102]])

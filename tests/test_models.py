@@ -122,3 +122,10 @@ def test_auto_engine_falls_back_to_torch_when_its_choice_cannot_load(tmp_path):
     assert isinstance(load_engine(forced, 1), TorchEngine)
     with pytest.raises(Exception):
         load_engine(msgspec.structs.replace(forced, fallback_engine=None), 1)
+
+
+def test_characters_read_per_input_follow_max_length_unless_set(tmp_path):
+    folder = save_tiny_bert(tmp_path / "tiny")
+    assert resolve_model(ModelConfig(name="t", source=str(folder))).max_input_chars == 64 * 64
+    assert resolve_model(ModelConfig(name="t", source=str(folder), max_length=32)).max_input_chars == 64 * 32
+    assert resolve_model(ModelConfig(name="t", source=str(folder), max_input_chars=100)).max_input_chars == 100

@@ -23,6 +23,10 @@ from infinity.protocol import ModelSpec
 from workers import devices
 
 PACKAGED_MODEL_MODULE = "all_minilm_l6_v2"
+# By default an input is read up to this many characters per token of the model's
+# max_length: natural text needs 3 to 6, so only inputs with long runs that make no tokens
+# (whitespace, characters the normaliser drops, one endless word) reach the limit.
+CHARS_PER_TOKEN_READ = 64
 
 
 def cache_dir() -> Path:
@@ -56,8 +60,9 @@ def resolve_model(model: ModelConfig) -> ModelSpec:
         dtype=_dtype(model),
         pooling=pooling,
         normalize=normalize,
-        max_length=_max_length(transformer_dir, model.max_length),
+        max_length=(max_length := _max_length(transformer_dir, model.max_length)),
         truncate=model.truncate,
+        max_input_chars=model.max_input_chars or CHARS_PER_TOKEN_READ * max_length,
         lowercase=bool(_json_value(transformer_dir / "sentence_bert_config.json", "do_lower_case")),
         max_batch_tokens=model.max_batch_tokens,
         max_batch_size=model.max_batch_size,

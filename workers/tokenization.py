@@ -20,6 +20,10 @@ from workers.models import ModelSpec
 log = logging.getLogger(__name__)
 
 
+# The first prefix tried for a long input: this many characters per token of max_length.
+PREFIX_CHARS_PER_TOKEN = 6
+
+
 class InputError(ValueError):
     """A client input the model cannot take; answered with 422."""
 
@@ -61,7 +65,12 @@ def _feeds_token_types(spec: ModelSpec) -> bool:
 
 
 class ModelTokenizer:
-    """Tokenizes the inputs of one model."""
+    """Tokenizes the inputs of one model.
+
+    The work per input is bounded by what the model can use: an input much longer than
+    `max_length` tokens is tokenized from a prefix that is sure to hold its first
+    `max_length` tokens, which are exactly those of the whole text (see `_readable`).
+    """
 
     def __init__(self, spec: ModelSpec) -> None:
         self._spec = spec
@@ -72,6 +81,9 @@ class ModelTokenizer:
         # long; then both sides are cut (longest first), as for single texts.
         self._pair_tokenizer = Tokenizer.from_str(self._tokenizer.to_str())
         self._pair_segments = spec.kind == "rerank" and _feeds_token_types(spec)
+        self._untruncated = Tokenizer.from_str(self._tokenizer.to_str())
+        # Natural text holds max_length tokens in this many characters, most of the time.
+        self._first_prefix = PREFIX_CHARS_PER_TOKEN * spec.max_length
         if spec.truncate:
             self._tokenizer.enable_truncation(spec.max_length)
             self._pair_tokenizer.enable_truncation(spec.max_length, strategy="only_second")
@@ -79,38 +91,74 @@ class ModelTokenizer:
     def tokenize(self, request: protocol.Tokenize) -> protocol.Tokenized:
         type_ids = None
         if request.query is not None:
-            encodings = self._encode_pairs(request.query, request.texts or [])
+            (query,), query_cut = self._readable([request.query])
+            documents, cut = self._readable(request.texts or [])
+            encodings = self._encode_pairs(query, documents)
             sequences = [e.ids for e in encodings]
             if self._pair_segments:
                 type_ids = np.fromiter((t for e in encodings for t in e.type_ids), dtype=np.int8).tobytes()
-            truncated = self._count_truncated(encodings)
+            truncated = self._count_truncated(encodings, [c or query_cut[0] for c in cut])
         elif request.texts is not None:
-            encodings = self._tokenizer.encode_batch(self._cased(request.texts))
+            texts, cut = self._readable(request.texts)
+            encodings = self._tokenizer.encode_batch(texts)
             sequences = [e.ids for e in encodings]
-            truncated = self._count_truncated(encodings)
+            truncated = self._count_truncated(encodings, cut)
         else:
             sequences, truncated = self._check_token_ids(request.token_ids or [])
         lengths = [len(s) for s in sequences]
         ids = np.fromiter((t for s in sequences for t in s), dtype="<i4", count=sum(lengths))
         return protocol.Tokenized(request.request_id, ids.tobytes(), lengths, truncated, type_ids)
 
-    def _cased(self, texts: list[str]) -> list[str]:
-        return [t.lower() for t in texts] if self._spec.lowercase else texts
+    def _readable(self, texts: list[str]) -> tuple[list[str], list[bool]]:
+        """What of each text the tokenizer reads (lower-cased if the model wants it), and
+        whether that is less than the whole text."""
+        read, cut = [], []
+        for text in texts:
+            prefix = self._prefix(text)
+            read.append(prefix.lower() if self._spec.lowercase else prefix)
+            cut.append(len(prefix) < len(text))
+        return read, cut
+
+    def _prefix(self, text: str) -> str:
+        """`text`, or a prefix of it with the same first `max_length` tokens.
+
+        A prefix qualifies when its token `max_length` lies in a word (a piece of the
+        pre-tokenizer's split) that is not its last: words before the cut tokenize as in the
+        whole text, only the word the cut runs through may not. Prefixes grow four-fold
+        until one qualifies, up to `max_input_chars`, beyond which nothing is read."""
+        size = self._first_prefix
+        while size < len(text):
+            if size >= self._spec.max_input_chars:
+                return text[:self._spec.max_input_chars]
+            prefix = text[:size]
+            if self._holds_first_tokens(prefix.lower() if self._spec.lowercase else prefix):
+                return prefix
+            size = min(4 * size, self._spec.max_input_chars)
+        return text
+
+    def _holds_first_tokens(self, prefix: str) -> bool:
+        words = self._untruncated.encode(prefix, add_special_tokens=False).word_ids
+        last = self._spec.max_length - 1
+        return len(words) > last and words[last] is not None and words[last] != words[-1]
 
     def _encode_pairs(self, query: str, documents: list[str]) -> list[Encoding]:
-        pairs = list(zip(self._cased([query]) * len(documents), self._cased(documents)))
+        pairs = [(query, document) for document in documents]
         try:
             return self._pair_tokenizer.encode_batch(pairs)
         except Exception:  # the query alone does not fit: cut both sides
             return self._tokenizer.encode_batch(pairs)
 
-    def _count_truncated(self, encodings: list[Encoding]) -> int:
-        """Inputs cut to max_length; with truncation off, an input too long is an error."""
+    def _count_truncated(self, encodings: list[Encoding], cut: list[bool]) -> int:
+        """Inputs cut to max_length (or to what was read of them); with truncation off, an
+        input too long is an error."""
         if self._spec.truncate:
-            return sum(1 for e in encodings if e.overflowing)
-        for i, encoding in enumerate(encodings):
+            return sum(1 for e, was_cut in zip(encodings, cut) if e.overflowing or was_cut)
+        for i, (encoding, was_cut) in enumerate(zip(encodings, cut)):
             if len(encoding.ids) > self._spec.max_length:
-                self._too_long(i, len(encoding.ids))
+                self._too_long(i, None if was_cut else len(encoding.ids))
+            if was_cut:
+                raise InputError(f"input[{i}] is longer than {self._spec.max_input_chars} characters, the most "
+                                 f"model '{self._spec.name}' reads of one input (truncation is off for this model)")
         return 0
 
     def _check_token_ids(self, sequences: list[list[int]]) -> tuple[list[list[int]], int]:
@@ -128,8 +176,8 @@ class ModelTokenizer:
             out.append(ids)
         return out, truncated
 
-    def _too_long(self, index: int, length: int) -> None:
-        raise InputError(
-            f"input[{index}] has {length} tokens, more than the maximum of "
-            f"{self._spec.max_length} for model '{self._spec.name}' (truncation is off for this model)"
-        )
+    def _too_long(self, index: int, length: int | None) -> None:
+        """Refuse input `index` of `length` tokens (None: more than were counted)."""
+        has = f"{length} tokens, more than" if length is not None else "more tokens than"
+        raise InputError(f"input[{index}] has {has} the maximum of {self._spec.max_length} for model "
+                         f"'{self._spec.name}' (truncation is off for this model)")
