@@ -79,6 +79,71 @@ def test_empty_body_is_400(server):
     assert_error(post_raw(server, b""), 400)
 
 
+def test_deeply_nested_body_is_400(server):
+    depth = 20_000
+    error = assert_error(post_raw(server, b'{"input": ' + b"[" * depth + b"]" * depth + b"}"), 400)
+    assert "nested" in error["message"]
+    assert_serves(server)
+
+
+@pytest.mark.parametrize("body, param", [
+    (b'{"input": "a", "input": "b"}', "input"),
+    (b'{"model": "%s", "input": "a", "model": "other"}' % MODEL_NAME.encode(), "model"),
+    (b'{"input": "a", "\\u0069nput": 5}', "input"),
+])
+def test_repeated_keys_are_400(server, body, param):
+    error = assert_error(post_raw(server, body), 400)
+    assert error["param"] == param and "more than once" in error["message"]
+
+
+@pytest.mark.parametrize("body, param", [
+    (b'{"input": [1e400]}', "input"),
+    (b'{"input": "a", "dimensions": 1e400}', "dimensions"),
+    (b'{"input": "a", "dimensions": 123456789012345678901234567890}', "dimensions"),
+    (b'{"input": [123456789012345678901234567890]}', "input"),
+])
+def test_huge_numbers_are_422(server, body, param):
+    error = assert_error(post_raw(server, body), 422)
+    assert error["param"] == param
+
+
+@pytest.mark.parametrize("content_type", ["text/plain", "application/x-www-form-urlencoded", "multipart/form-data"])
+def test_a_body_that_is_not_json_by_its_content_type_is_415(server, content_type):
+    response = post_raw(server, b'{"input": "a"}', headers={"Content-Type": content_type})
+    error = assert_error(response, 415)
+    assert "application/json" in error["message"]
+
+
+@pytest.mark.parametrize("headers", [{}, {"Content-Type": "application/json; charset=utf-8"},
+                                     {"Content-Type": "application/vnd.api+json"}])
+def test_json_bodies_with_or_without_a_json_content_type_are_served(server, headers):
+    response = requests.post(server.url("/v1/embeddings"), data=b'{"input": "a"}', headers=headers, timeout=60)
+    assert response.status_code == 200, response.text
+
+
+def test_a_compressed_body_larger_than_the_limit_once_inflated_is_413(strict_server):
+    import gzip
+
+    inflated = b'{"input": "' + b"a" * (STRICT_MAX_BYTES * 4) + b'"}'
+    error = assert_error(post_raw(strict_server, gzip.compress(inflated), headers={"Content-Encoding": "gzip"}), 413)
+    assert str(STRICT_MAX_BYTES) in error["message"]
+    assert_error(post_raw(strict_server, b"not gzip at all", headers={"Content-Encoding": "gzip"}), 400)
+    assert_serves(strict_server)
+
+
+def test_a_body_that_ends_before_its_length_leaves_the_server_serving(server):
+    import socket
+
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+        sock.sendall(b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: 100\r\n\r\n{\"input\": ")
+        sock.shutdown(socket.SHUT_WR)
+        answer = sock.recv(65536)
+    assert not answer.startswith(b"HTTP/1.1 5"), answer
+    assert_serves(server)
+    assert "Traceback" not in server.log_text()
+
+
 @pytest.mark.parametrize("body, param", [
     ({"model": MODEL_NAME, "input": 5}, "input"),
     ({"model": MODEL_NAME, "input": [1.5]}, "input"),
