@@ -23,6 +23,7 @@ from aiohttp import hdrs, web
 from msgspec import Struct
 
 from infinity.config import Config
+from infinity.connections import track_request
 from infinity.errors import APIError, error_response
 from infinity.pipeline import Result, Pipeline, ServedModel, StartupError
 from infinity.protocol import ModelSpec
@@ -46,7 +47,7 @@ def create_app(config: Config, specs: list[ModelSpec]) -> web.Application:
     server = config.server
     app = web.Application(
         client_max_size=server.max_request_bytes,
-        middlewares=[_json_errors, _authorization(server.api_key)],
+        middlewares=[_json_errors, _authorization(server.api_key), track_request],
     )
     app[CONFIG] = config
     app[PIPELINE] = Pipeline(server, specs)
@@ -263,16 +264,12 @@ async def classify(request: web.Request) -> web.Response:
 
 
 async def _read(request: web.Request, request_type: type[Struct]) -> Any:
-    """The JSON body of `request`, decoded into `request_type`; a body of another declared
-    type is 415, one that cannot be read 400 (see `decode_body` for the rest)."""
+    """The JSON body of `request` (already read by `track_request`), decoded into
+    `request_type`; a body of another declared type is 415 (see `decode_body` for the rest)."""
     if hdrs.CONTENT_TYPE in request.headers and not _is_json(request.content_type):
         raise APIError(415, f"the request body must be JSON (Content-Type: application/json), "
                             f"not {request.content_type}", code="unsupported_media_type")
-    try:
-        body = await request.read()
-    except web.RequestPayloadError as exc:
-        raise APIError(400, f"the request body could not be read: {exc}") from None
-    return decode_body(body, request_type)
+    return decode_body(await request.read(), request_type)
 
 
 def _is_json(media_type: str) -> bool:

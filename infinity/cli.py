@@ -4,10 +4,17 @@ models, and run the server until SIGINT/SIGTERM."""
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
+import resource
+import signal
 import sys
 
-from infinity.config import ConfigError, load_config
+from aiohttp import web
+
+from infinity.config import Config, ConfigError, ServerConfig, load_config
+from infinity.connections import ConnectionGuard, ConnectionLimits, GuardedSite
+from infinity.protocol import ModelSpec
 
 _SERVER_FLAGS = {
     # flag: (server key, type, help)
@@ -19,6 +26,12 @@ _SERVER_FLAGS = {
     "--max-queued-items": ("max_queued_items", int, "inputs waiting or running per model before 429 (default 4096)"),
     "--max-items-per-request": ("max_items_per_request", int, "inputs one request may carry (default 2048; never more than --max-queued-items)"),
     "--max-request-bytes": ("max_request_bytes", int, "largest request body, larger is 413 (default 16 MiB)"),
+    "--header-timeout": ("header_timeout", float, "seconds a client may take to send a request's headers "
+                                                  "(default 10)"),
+    "--body-timeout": ("body_timeout", float, "seconds a client may take to send a request's whole body (default 30)"),
+    "--keepalive-timeout": ("keepalive_timeout", float, "seconds an idle keep-alive connection stays open (default 75)"),
+    "--max-connections": ("max_connections", int, "open connections at most; beyond, the longest idle one is closed "
+                                                  "(default 4096)"),
     "--log-level": ("log_level", str, "debug, info, warning or error (default info)"),
     "--embedding-type": ("embedding_type", str, "embeddings' output type when a request names none: float, "
                                                 "int8, uint8, binary or ubinary (default float)"),
@@ -63,9 +76,8 @@ def main(argv: list[str] | None = None) -> None:
     sys.exit(_serve(config, specs))
 
 
-def _serve(config, specs) -> int:  # type: ignore[no-untyped-def]
+def _serve(config: Config, specs: list[ModelSpec]) -> int:
     import uvloop
-    from aiohttp import web
 
     from infinity import shm
     from infinity.app import EXIT_CODE, create_app
@@ -73,9 +85,48 @@ def _serve(config, specs) -> int:  # type: ignore[no-untyped-def]
     stale = shm.remove_stale()
     if stale:
         logging.info("removed what stopped servers left behind: %s", ", ".join(stale))
-    loop = uvloop.new_event_loop()
     app = create_app(config, specs)
-    web.run_app(app, host=config.server.host, port=config.server.port, loop=loop,
-                handler_cancellation=True, access_log=None, shutdown_timeout=30,
-                print=lambda *_: logging.info("listening on %s:%d", config.server.host, config.server.port))
+    try:
+        uvloop.run(_run(app, config.server))
+    except OSError as exc:  # the port is taken, say
+        logging.error("cannot serve on %s:%d: %s", config.server.host, config.server.port, exc)
+        return 1
     return app[EXIT_CODE][0]
+
+
+async def _run(app: web.Application, server: ServerConfig) -> None:
+    """Serve `app` until SIGINT or SIGTERM, then drain in-flight requests and stop."""
+    limits = ConnectionLimits(server.header_timeout, server.body_timeout, server.keepalive_timeout,
+                              _connection_cap(server.max_connections))
+    runner = web.AppRunner(app, handle_signals=False, handler_cancellation=True, shutdown_timeout=30)
+    await runner.setup()
+    try:
+        site = GuardedSite(runner, server.host, server.port, ConnectionGuard(limits), access_log=None)
+        await site.start()
+        logging.info("listening on %s:%d", server.host, server.port)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, stop.set)
+        await stop.wait()
+    finally:
+        await runner.cleanup()
+
+
+# File descriptors kept for what is not a client connection: sockets to the children,
+# arenas, the event loop's own, logs.
+_RESERVED_FDS = 128
+
+
+def _connection_cap(wanted: int) -> int:
+    """`wanted` connections, or as many as this process may open files for, after raising
+    its soft limit on open files to the hard one."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and (hard == resource.RLIM_INFINITY or hard > soft):
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        soft = hard
+    if soft == resource.RLIM_INFINITY or wanted <= soft - _RESERVED_FDS:
+        return wanted
+    cap = max(1, soft - _RESERVED_FDS)
+    logging.warning("max_connections %d lowered to %d: this process may open %d files", wanted, cap, soft)
+    return cap

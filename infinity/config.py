@@ -93,6 +93,13 @@ class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     max_queued_items: int = 4096
     max_items_per_request: int = 2048
     max_request_bytes: int = 16 * 1024 * 1024
+    # Seconds a client may take to send a request's headers, and its whole body; an idle
+    # keep-alive connection is closed after keepalive_timeout (see infinity/connections.py).
+    header_timeout: float = 10.0
+    body_timeout: float = 30.0
+    keepalive_timeout: float = 75.0
+    # Open connections at most; beyond, the longest idle one is closed (or the new one refused).
+    max_connections: int = 4096
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     # Output type of embeddings when a request names none (see infinity/quantize.py).
     embedding_type: EmbeddingType = "float"
@@ -104,8 +111,9 @@ class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
             raise ConfigError("server.url_prefix must start with '/' and not end with '/'")
         if self.tokenizer_workers < 0:
             raise ConfigError("server.tokenizer_workers must be 0 (auto) or positive")
-        for key in ("max_queued_items", "max_items_per_request", "max_request_bytes"):
-            if getattr(self, key) < 1:
+        for key in ("max_queued_items", "max_items_per_request", "max_request_bytes", "max_connections",
+                    "header_timeout", "body_timeout", "keepalive_timeout"):
+            if getattr(self, key) <= 0:
                 raise ConfigError(f"server.{key} must be positive")
 
 
@@ -116,12 +124,8 @@ class Config(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     models: list[ModelConfig] = msgspec.field(default_factory=list)
 
 
-# Server keys that may be set from the environment as INFINITY_<KEY>.
-_SERVER_ENV_KEYS = (
-    "host", "port", "api_key", "url_prefix", "tokenizer_workers",
-    "max_queued_items", "max_items_per_request", "max_request_bytes", "log_level",
-    "embedding_type",
-)
+# Every server key may be set from the environment as INFINITY_<KEY>.
+_SERVER_ENV_KEYS = tuple(field.name for field in msgspec.structs.fields(ServerConfig))
 
 
 def load_config(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from http import HTTPStatus
+
 import msgspec
 from aiohttp import web
 
@@ -32,12 +34,25 @@ class APIError(Exception):
         self.headers = headers or {}
 
 
-def error_response(error: APIError) -> web.Response:
-    body = {"error": {
+def error_body(error: APIError) -> bytes:
+    return msgspec.json.encode({"error": {
         "message": error.message,
         "type": _REASON_TYPES.get(error.status, "server_error" if error.status >= 500 else "invalid_request_error"),
         "param": error.param,
         "code": error.code or error.status,
-    }}
-    return web.Response(body=msgspec.json.encode(body), status=error.status,
-                        content_type="application/json", headers=error.headers)
+    }})
+
+
+def error_response(error: APIError) -> web.Response:
+    return web.Response(body=error_body(error), status=error.status, content_type="application/json",
+                        headers=error.headers)
+
+
+def raw_error_response(error: APIError) -> bytes:
+    """`error` as a whole HTTP/1.1 response that closes the connection, for answers written
+    straight to a connection that no request handler owns."""
+    body = error_body(error)
+    headers = {"Content-Type": "application/json", "Content-Length": str(len(body)), "Connection": "close",
+               **error.headers}
+    head = "".join(f"{name}: {value}\r\n" for name, value in headers.items())
+    return f"HTTP/1.1 {error.status} {HTTPStatus(error.status).phrase}\r\n{head}\r\n".encode() + body

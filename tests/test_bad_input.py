@@ -129,6 +129,7 @@ def test_a_compressed_body_larger_than_the_limit_once_inflated_is_413(strict_ser
     assert str(STRICT_MAX_BYTES) in error["message"]
     assert_error(post_raw(strict_server, b"not gzip at all", headers={"Content-Encoding": "gzip"}), 400)
     assert_serves(strict_server)
+    assert "Traceback" not in strict_server.log_text()
 
 
 def test_a_body_that_ends_before_its_length_leaves_the_server_serving(server):
