@@ -226,8 +226,8 @@ class GuardedSite(web.BaseSite):
         assert server is not None
         self._guard.start(loop)
         self._server = await loop.create_server(
-            lambda: GuardedConnection(server, self._guard, loop=loop,
-                                      keepalive_timeout=self._guard.limits.keepalive_timeout, **self._options),
+            # aiohttp's own keep-alive timer is left at its default, far beyond the guard's.
+            lambda: GuardedConnection(server, self._guard, loop=loop, **self._options),
             self._host, self._port, backlog=self._backlog, reuse_address=True)
 
     async def stop(self) -> None:
