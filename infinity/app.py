@@ -1,8 +1,10 @@
-"""The HTTP API: routes, the JSON error and auth middlewares, and the encoding of
-responses straight from the shared-memory arena.
+"""The HTTP API: the routes (one table, from which the OpenAPI document is built too), the
+JSON error and auth middlewares, and the encoding of responses straight from the
+shared-memory arena.
 
 Every route is served under `/v1` and without it (as infinity does), below the
-configured `url_prefix`.
+configured `url_prefix`. A route's handler gets its request body decoded into the route's
+request type and returns an instance of its response type.
 """
 
 from __future__ import annotations
@@ -15,32 +17,45 @@ import signal
 import time
 import uuid
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from importlib.metadata import version
 from typing import Any
 
 import msgspec
 import numpy as np
 from aiohttp import hdrs, web
-from msgspec import Struct
+from msgspec import UNSET, Struct
 
+from infinity import openapi
 from infinity.config import Config
 from infinity.connections import track_request
 from infinity.errors import APIError, error_response
-from infinity.pipeline import Result, Pipeline, ServedModel, StartupError
+from infinity.pipeline import Pipeline, Result, ServedModel, StartupError
 from infinity.protocol import ModelSpec
 from infinity.quantize import encode
-from infinity.schemas import (ClassifyRequest, CohereEmbedRequest, EmbeddingRequest, ModelInputs, RerankRequest,
+from infinity.schemas import (ApiVersion, BilledUnits, ClassifyRequest, ClassifyResponse, CohereEmbedRequest,
+                              CohereEmbedResponse, CohereMeta, EmbeddingData, EmbeddingRequest, EmbeddingResponse,
+                              Health, InputTokens, LabelScore, ModelCard, ModelInputs, ModelList, ModelStats,
+                              ReplicaCard, RerankDocument, RerankRequest, RerankResponse, RerankResult, Usage,
                               decode_body, output_types, rerank_inputs, text_inputs, text_or_token_inputs)
 
 log = logging.getLogger(__name__)
-
-# The route that serves each model kind.
-ROUTES = {"embed": "/v1/embeddings", "rerank": "/v1/rerank", "classify": "/v1/classify"}
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 PIPELINE = web.AppKey("pipeline", Pipeline)
 CONFIG = web.AppKey("config", Config)
 EXIT_CODE = web.AppKey("exit_code", list)
 START_TASK = web.AppKey("start_task", asyncio.Task)
+OPENAPI = web.AppKey("openapi", bytes)
+
+
+@dataclass(frozen=True)
+class Route:
+    """One operation of the API and the function that serves it: `serve(request, body)`
+    returns the operation's answer type (`body` is None for routes without one)."""
+
+    operation: openapi.Operation
+    serve: Callable[[web.Request, Any], Awaitable[Struct]]
 
 
 def create_app(config: Config, specs: list[ModelSpec]) -> web.Application:
@@ -52,19 +67,44 @@ def create_app(config: Config, specs: list[ModelSpec]) -> web.Application:
     app[CONFIG] = config
     app[PIPELINE] = Pipeline(server, specs)
     app[EXIT_CODE] = [0]
-    for version in ("/v1", ""):
-        base = server.url_prefix + version
-        app.router.add_post(f"{base}/embeddings", embeddings)
-        app.router.add_post(f"{base}/embed", cohere_embed)
-        app.router.add_post(f"{base}/rerank", rerank)
-        app.router.add_post(f"{base}/classify", classify)
-        app.router.add_get(f"{base}/models", models)
-        app.router.add_get(f"{base}/health", health)
-    app.router.add_post(f"{server.url_prefix}/v2/rerank", rerank)  # Cohere's v2 client
-    app.router.add_post(f"{server.url_prefix}/v2/embed", cohere_embed)
+    for route in ROUTES:
+        op = route.operation
+        for path in (op.path, *op.aliases):
+            app.router.add_route(op.method.upper(), server.url_prefix + path, _handler(route))
+    names: dict[str, list[str]] = {}
+    for name in dict.fromkeys(spec.name for spec in specs):
+        names.setdefault(next(spec.kind for spec in specs if spec.name == name), []).append(name)
+    document = openapi.document([route.operation for route in ROUTES], "infinity-serve", version("infinity-serve"),
+                                names, server.url_prefix, api_key=server.api_key is not None)
+    app[OPENAPI] = msgspec.json.encode(document)
+    page = openapi.render_html(document)
+    app.router.add_get(f"{server.url_prefix}/openapi.json", _serve_openapi)
+    app.router.add_get(f"{server.url_prefix}/docs",
+                       lambda _: _respond(web.Response(text=page, content_type="text/html")))
     app.on_startup.append(_start_pipeline)
     app.on_cleanup.append(_stop_pipeline)
     return app
+
+
+def _handler(route: Route) -> Handler:
+    """The aiohttp handler of `route`: decode the body, serve, encode the answer."""
+    op = route.operation
+
+    async def handle(request: web.Request) -> web.Response:
+        body = await _read(request, op.body) if op.body is not None else None
+        answer = await route.serve(request, body)
+        assert isinstance(answer, op.answer), f"{op.path} answered {type(answer).__name__}"
+        return web.Response(body=msgspec.json.encode(answer), content_type="application/json")
+
+    return handle
+
+
+async def _serve_openapi(request: web.Request) -> web.Response:
+    return web.Response(body=request.app[OPENAPI], content_type="application/json")
+
+
+async def _respond(response: web.Response) -> web.Response:
+    return response
 
 
 # --- middlewares ------------------------------------------------------------------------
@@ -138,63 +178,58 @@ async def _stop_pipeline(app: web.Application) -> None:
 
 # --- routes ------------------------------------------------------------------------------
 
-async def health(request: web.Request) -> web.Response:
+async def health(request: web.Request, _: None) -> Health:
     if not request.app[PIPELINE].ready:
         raise APIError(503, "models are loading", code="not_ready", headers={"Retry-After": "1"})
-    return web.json_response({"status": "ok", "unix": time.time()})
+    return Health("ok", time.time())
 
 
-async def models(request: web.Request) -> web.Response:
-    data = []
-    for model in request.app[PIPELINE].models.values():
-        info = model.info
-        data.append({
-            "id": model.spec.name,
-            "object": "model",
-            "owned_by": "infinity",
-            "created": int(time.time()),
-            "kind": model.spec.kind,
-            "capabilities": [model.spec.kind],
-            "ready": model.ready,
-            "dimensions": info.dim if info else None,
-            "max_length": model.spec.max_length,
-            "devices": [replica.device for replica in model.replicas],
-            # Each replica's readiness and the inputs it has computed (how the load spreads).
-            "replicas": [{"device": replica.device, "ready": replica.ready, "inputs": replica.served,
-                          "engine": replica.info.engine if replica.info else None}
-                         for replica in model.replicas],
-        })
-    return web.json_response({"object": "list", "data": data})
+async def models(request: web.Request, _: None) -> ModelList:
+    return ModelList(data=[_model_card(model) for model in request.app[PIPELINE].models.values()])
 
 
-async def embeddings(request: web.Request) -> web.Response:
+def _model_card(model: ServedModel) -> ModelCard:
+    info, spec = model.info, model.spec
+    queued = model.pool.capacity - model.pool.free
+    return ModelCard(
+        id=spec.name,
+        created=int(time.time()),
+        kind=spec.kind,  # type: ignore[arg-type]
+        capabilities=[spec.kind],
+        backend=info.engine if info else spec.engine,
+        stats=ModelStats(queue_fraction=queued / model.pool.capacity, queue_absolute=queued,
+                         results_pending=sum(replica.outstanding for replica in model.replicas),
+                         batch_size=spec.max_batch_size),
+        ready=model.ready,
+        dimensions=info.dim if info else None,
+        max_length=spec.max_length,
+        devices=[replica.device for replica in model.replicas],
+        # Each replica's readiness and the inputs it has computed (how the load spreads).
+        replicas=[ReplicaCard(replica.device, replica.ready, replica.served,
+                              replica.info.engine if replica.info else None) for replica in model.replicas],
+    )
+
+
+async def embeddings(request: web.Request, body: EmbeddingRequest) -> EmbeddingResponse:
     """OpenAI embeddings; with `embedding_types`, each item holds `embeddings` by type
     instead of `embedding`."""
-    body = await _read(request, EmbeddingRequest)
     types = body.output_types(request.app[CONFIG].server.embedding_type)
     model = _served_model(request.app[PIPELINE], body.model, "embed")
     inputs = text_or_token_inputs(body.input, _max_items(request))
-    result, rows = await _embed(request, model, inputs, body.dimensions, "dimensions")
+    # 0 asks for every dimension, as in infinity (its generated client sends 0 by default).
+    result, rows = await _embed(request, model, inputs, body.dimensions or None, "dimensions")
     encoded = {t: encode(rows, t, body.encoding_format == "base64") for t in types}
     if body.embedding_types is None:
-        data = [{"object": "embedding", "index": i, "embedding": value}
-                for i, value in enumerate(encoded[types[0]])]
+        data = [EmbeddingData(index=i, embedding=value) for i, value in enumerate(encoded[types[0]])]
     else:
-        data = [{"object": "embedding", "index": i, "embeddings": {t: encoded[t][i] for t in types}}
-                for i in range(len(rows))]
-    return _json(msgspec.json.encode({
-        "object": "list",
-        "data": data,
-        "model": model.spec.name,
-        "usage": _usage(result),
-    }))
+        data = [EmbeddingData(index=i, embeddings={t: encoded[t][i] for t in types}) for i in range(len(rows))]
+    return EmbeddingResponse(data=data, model=model.spec.name, usage=_usage(result))
 
 
-async def cohere_embed(request: web.Request) -> web.Response:
+async def cohere_embed(request: web.Request, body: CohereEmbedRequest) -> CohereEmbedResponse:
     """Cohere v1/v2 embed. v1 without `embedding_types` (and a float server default)
     answers `embeddings_floats`; otherwise `embeddings_by_type`, where Cohere's `base64`
     type is the base64 of the float32 values."""
-    body = await _read(request, CohereEmbedRequest)
     default = request.app[CONFIG].server.embedding_type
     types = output_types(body.embedding_types, default)
     model = _served_model(request.app[PIPELINE], body.model, "embed")
@@ -204,19 +239,15 @@ async def cohere_embed(request: web.Request) -> web.Response:
     by_type = version == "2" or body.embedding_types is not None or default != "float"
     embeddings = ({t: encode(rows, "float", True) if t == "base64" else encode(rows, t) for t in types}
                   if by_type else encode(rows, "float"))
-    return _json(msgspec.json.encode({
-        "id": uuid.uuid4().hex,
-        "embeddings": embeddings,
-        "texts": body.texts,
-        "meta": {"api_version": {"version": version}, "billed_units": {"input_tokens": result.prompt_tokens},
-                 "tokens": {"input_tokens": result.prompt_tokens}},
-        "response_type": "embeddings_by_type" if by_type else "embeddings_floats",
-    }))
+    tokens = result.prompt_tokens
+    return CohereEmbedResponse(
+        id=uuid.uuid4().hex, embeddings=embeddings, texts=body.texts,  # type: ignore[arg-type]
+        meta=CohereMeta(ApiVersion(version), BilledUnits(input_tokens=tokens), InputTokens(tokens)),
+        response_type="embeddings_by_type" if by_type else "embeddings_floats")
 
 
-async def rerank(request: web.Request) -> web.Response:
+async def rerank(request: web.Request, body: RerankRequest) -> RerankResponse:
     pipeline = request.app[PIPELINE]
-    body = await _read(request, RerankRequest)
     model = _served_model(pipeline, body.model, "rerank")
     inputs = rerank_inputs(body, _max_items(request))
     result = await pipeline.run(model, inputs)
@@ -228,21 +259,16 @@ async def rerank(request: web.Request) -> web.Response:
         scores = _activate(scores, result.activation)
     order = np.argsort(-scores, kind="stable")[:body.top_n or None]
     documents = inputs.texts or []
-    results = [{"index": int(i), "relevance_score": float(scores[i]),
-                **({"document": {"text": documents[i]}} if body.return_documents else {})} for i in order]
-    return _json(msgspec.json.encode({
-        "id": uuid.uuid4().hex,
-        "results": results,
-        "model": model.spec.name,
-        "usage": _usage(result),
-        "meta": {"api_version": {"version": "2"}, "billed_units": {"search_units": 1},
-                 "tokens": {"input_tokens": result.prompt_tokens}},
-    }))
+    results = [RerankResult(index=int(i), relevance_score=float(scores[i]),
+                            document=RerankDocument(documents[i]) if body.return_documents else UNSET)
+               for i in order]
+    return RerankResponse(
+        id=uuid.uuid4().hex, created=int(time.time()), results=results, model=model.spec.name, usage=_usage(result),
+        meta=CohereMeta(ApiVersion("2"), BilledUnits(search_units=1), InputTokens(result.prompt_tokens)))
 
 
-async def classify(request: web.Request) -> web.Response:
+async def classify(request: web.Request, body: ClassifyRequest) -> ClassifyResponse:
     pipeline = request.app[PIPELINE]
-    body = await _read(request, ClassifyRequest)
     model = _served_model(pipeline, body.model, "classify")
     inputs = text_or_token_inputs(body.input, _max_items(request))
     result = await pipeline.run(model, inputs)
@@ -252,15 +278,31 @@ async def classify(request: web.Request) -> web.Response:
         result.release()
     scores = logits if body.raw_scores else _activate(logits, result.activation)
     labels = result.labels
-    data = [[{"label": labels[j], "score": float(row[j])} for j in np.argsort(-row, kind="stable")]
-            for row in scores]
-    return _json(msgspec.json.encode({
-        "id": uuid.uuid4().hex,
-        "object": "list",
-        "data": data,
-        "model": model.spec.name,
-        "usage": _usage(result),
-    }))
+    data = [[LabelScore(labels[j], float(row[j])) for j in np.argsort(-row, kind="stable")] for row in scores]
+    return ClassifyResponse(id=uuid.uuid4().hex, created=int(time.time()), data=data, model=model.spec.name, usage=_usage(result))
+
+
+_MODEL_ERRORS = (400, 404, 408, 413, 415, 422, 429, 503)
+ROUTES = [
+    Route(openapi.Operation("post", "/v1/embeddings", ("/embeddings",), "Embed texts or token ids (OpenAI)",
+                            EmbeddingRequest, EmbeddingResponse, _MODEL_ERRORS, "embed"), embeddings),
+    Route(openapi.Operation("post", "/v1/embed", ("/embed", "/v2/embed"), "Embed texts (Cohere v1 and v2)",
+                            CohereEmbedRequest, CohereEmbedResponse, _MODEL_ERRORS, "embed"), cohere_embed),
+    Route(openapi.Operation("post", "/v1/rerank", ("/rerank", "/v2/rerank"),
+                            "Score documents against a query, best first (Cohere v1 and v2, Jina)",
+                            RerankRequest, RerankResponse, _MODEL_ERRORS, "rerank"), rerank),
+    Route(openapi.Operation("post", "/v1/classify", ("/classify",), "Every label's score for each input",
+                            ClassifyRequest, ClassifyResponse, _MODEL_ERRORS, "classify"), classify),
+    Route(openapi.Operation("get", "/v1/models", ("/models",), "The served models, their replicas and queues",
+                            None, ModelList, ()), models),
+    Route(openapi.Operation("get", "/health", ("/v1/health",),
+                            "200 once every model is loaded on every device; 503 before", None, Health, (503,)),
+          health),
+]
+# The model name infinity's generated client sends when its caller names none.
+UNNAMED_MODEL = "default/not-specified"
+# The route that serves each model kind.
+KIND_ROUTES = {"embed": "/v1/embeddings", "rerank": "/v1/rerank", "classify": "/v1/classify"}
 
 
 async def _read(request: web.Request, request_type: type[Struct]) -> Any:
@@ -277,14 +319,8 @@ def _is_json(media_type: str) -> bool:
                                                 and media_type.endswith("+json"))
 
 
-def _usage(result: Result) -> dict[str, int]:
-    """Tokens the model processed (after truncation), and how many inputs were truncated."""
-    return {"prompt_tokens": result.prompt_tokens, "total_tokens": result.prompt_tokens,
-            "truncated_inputs": result.truncated}
-
-
-def _json(payload: bytes) -> web.Response:
-    return web.Response(body=payload, content_type="application/json")
+def _usage(result: Result) -> Usage:
+    return Usage(result.prompt_tokens, result.prompt_tokens, result.truncated)
 
 
 def _max_items(request: web.Request) -> int:
@@ -308,7 +344,7 @@ def _activate(scores: np.ndarray, activation: str) -> np.ndarray:
 def _served_model(pipeline: Pipeline, name: str | None, kind: str) -> ServedModel:
     """The model a request names, which must be of `kind`; without a name, the only
     model of that kind."""
-    if name is None:
+    if name is None or name == UNNAMED_MODEL:
         of_kind = [m for m in pipeline.models.values() if m.spec.kind == kind]
         if len(of_kind) == 1:
             return of_kind[0]
@@ -321,7 +357,7 @@ def _served_model(pipeline: Pipeline, name: str | None, kind: str) -> ServedMode
                        param="model", code="model_not_found")
     if model.spec.kind != kind:
         raise APIError(400, f"model '{name}' is of kind '{model.spec.kind}'; it serves "
-                            f"POST {ROUTES[model.spec.kind]}, not the {kind} route", param="model",
+                            f"POST {KIND_ROUTES[model.spec.kind]}, not the {kind} route", param="model",
                        code="wrong_model_kind")
     return model
 

@@ -34,13 +34,23 @@ class APIError(Exception):
         self.headers = headers or {}
 
 
+class ErrorDetail(msgspec.Struct):
+    message: str
+    type: str  # invalid_request_error, authentication_error, not_found_error, rate_limit_error, ...
+    param: str | None  # the request field at fault, if one is
+    code: str | int  # a short name of the error, or its status
+
+
+class ErrorResponse(msgspec.Struct):
+    """Every error answer of the API."""
+
+    error: ErrorDetail
+
+
 def error_body(error: APIError) -> bytes:
-    return msgspec.json.encode({"error": {
-        "message": error.message,
-        "type": _REASON_TYPES.get(error.status, "server_error" if error.status >= 500 else "invalid_request_error"),
-        "param": error.param,
-        "code": error.code or error.status,
-    }})
+    kind = _REASON_TYPES.get(error.status, "server_error" if error.status >= 500 else "invalid_request_error")
+    return msgspec.json.encode(ErrorResponse(ErrorDetail(error.message, kind, error.param,
+                                                         error.code or error.status)))
 
 
 def error_response(error: APIError) -> web.Response:

@@ -1,29 +1,55 @@
-"""Request bodies of the HTTP API, decoded and checked with msgspec, and the checks that a
-schema cannot express (the shapes `input` may take, limits)."""
+"""Request and response bodies of the HTTP API as msgspec types (requests are decoded and
+checked with them, responses encoded from them, and the OpenAPI document is built from
+them), and the checks of a request that a type cannot express (the shapes `input` may
+take, limits)."""
 
 from __future__ import annotations
 
 import re
-from typing import Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 import msgspec
 import numpy as np
+from msgspec import UNSET, Meta, Struct, UnsetType
 
 from infinity.errors import APIError
 from infinity.quantize import EmbeddingType
 
+# --- requests ----------------------------------------------------------------------------------
 
-class EmbeddingRequest(msgspec.Struct):
+_TOKEN_ID = {"type": "integer", "minimum": 0, "maximum": 2 ** 31 - 1}
+_TEXT = {"type": "string", "minLength": 1}
+_TEXT_OR_TOKENS = {"anyOf": [
+    _TEXT,
+    {"type": "array", "items": _TEXT, "minItems": 1},
+    {"type": "array", "items": _TOKEN_ID, "minItems": 1},
+    {"type": "array", "items": {"type": "array", "items": _TOKEN_ID, "minItems": 1}, "minItems": 1},
+]}
+# Shapes that msgspec cannot tell apart by type alone (it takes one kind of list per union);
+# `text_or_token_inputs` and `rerank_inputs` check them and say what is wrong.
+TextOrTokens = Annotated[Any, Meta(
+    description="A text, a list of texts, a list of token ids, or a list of lists of token ids",
+    extra_json_schema=_TEXT_OR_TOKENS)]
+Query = Annotated[Any, Meta(description="The query each document is scored against", extra_json_schema=_TEXT)]
+Documents = Annotated[Any, Meta(
+    description="The documents to score: texts, or objects whose `text` is the document",
+    extra_json_schema={"type": "array", "minItems": 1, "items": {"anyOf": [
+        {"type": "string"},
+        {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}]}})]
+
+
+class EmbeddingRequest(Struct):
     """OpenAI embeddings, plus the output type: `embedding_type` (one, in each item's
     `embedding`) or `embedding_types` (several, in each item's `embeddings`)."""
 
-    input: Any
+    input: TextOrTokens
     model: str | None = None
     encoding_format: Literal["float", "base64"] = "float"
-    dimensions: int | None = None
+    dimensions: Annotated[int, Meta(description="Keep the first this many dimensions, then re-normalise; "
+                                                "0 for all", extra_json_schema={"minimum": 0})] | None = None
     user: str | None = None
     embedding_type: EmbeddingType | None = None
-    embedding_types: list[EmbeddingType] | None = None
+    embedding_types: Annotated[list[EmbeddingType], Meta(min_length=1)] | None = None
 
     def output_types(self, default: EmbeddingType) -> list[EmbeddingType]:
         """The requested types (see `output_types`); `embedding_type` stands in for the default."""
@@ -37,17 +63,17 @@ class EmbeddingRequest(msgspec.Struct):
 CohereEmbeddingType = Literal[EmbeddingType, "base64"]
 
 
-class CohereEmbedRequest(msgspec.Struct):
+class CohereEmbedRequest(Struct):
     """Cohere v1/v2 embed bodies, texts only. `input_type` is accepted and ignored; long
     inputs are cut at the end (or refused) as the model's `truncate` setting says, so
     `truncate` may only be END."""
 
-    texts: list[str]
+    texts: Annotated[list[Annotated[str, Meta(min_length=1)]], Meta(min_length=1)]
     model: str | None = None
     input_type: str | None = None
-    embedding_types: list[CohereEmbeddingType] | None = None
+    embedding_types: Annotated[list[CohereEmbeddingType], Meta(min_length=1)] | None = None
     truncate: Literal["END"] = "END"
-    output_dimension: int | None = None
+    output_dimension: Annotated[int, Meta(extra_json_schema={"minimum": 1})] | None = None
 
 
 _Type = TypeVar("_Type", bound=str)
@@ -62,22 +88,158 @@ def output_types(types: list[_Type] | None, default: _Type) -> list[_Type]:
     return list(dict.fromkeys(types))
 
 
-class RerankRequest(msgspec.Struct):
+class RerankRequest(Struct):
     """Cohere v1/v2 and Jina rerank bodies (their other fields are accepted and ignored)."""
 
-    query: Any
-    documents: Any
+    query: Query
+    documents: Documents
     model: str | None = None
-    top_n: int | None = None
+    top_n: Annotated[int, Meta(ge=0, description="Results to return, best first; 0 for all")] | None = None
     return_documents: bool = False
     raw_scores: bool = False
 
 
-class ClassifyRequest(msgspec.Struct):
-    input: Any
+class ClassifyRequest(Struct):
+    input: TextOrTokens
     model: str | None = None
     raw_scores: bool = False
 
+
+# --- responses ---------------------------------------------------------------------------------
+
+class Usage(Struct):
+    """Tokens the model processed (after truncation), and how many inputs were cut to its
+    maximum length."""
+
+    prompt_tokens: int
+    total_tokens: int
+    truncated_inputs: int
+
+
+# A list of numbers (floats, or integers for the quantised types), or with base64 the
+# base64 of the row's raw little-endian bytes.
+Embedding = list[float] | str
+
+
+class EmbeddingData(Struct, kw_only=True):
+    object: Literal["embedding"] = "embedding"
+    index: int
+    embedding: Embedding | UnsetType = UNSET  # with one output type
+    embeddings: dict[str, Embedding] | UnsetType = UNSET  # with `embedding_types`: by type
+
+
+class EmbeddingResponse(Struct, kw_only=True):
+    object: Literal["list"] = "list"
+    data: list[EmbeddingData]
+    model: str
+    usage: Usage
+
+
+class ApiVersion(Struct):
+    version: str
+
+
+class BilledUnits(Struct):
+    input_tokens: int | UnsetType = UNSET
+    search_units: int | UnsetType = UNSET
+
+
+class InputTokens(Struct):
+    input_tokens: int
+
+
+class CohereMeta(Struct):
+    api_version: ApiVersion
+    billed_units: BilledUnits
+    tokens: InputTokens
+
+
+class CohereEmbedResponse(Struct, kw_only=True):
+    id: str
+    # embeddings_floats: a float list per text; embeddings_by_type: by type, one value per text.
+    embeddings: list[list[float]] | dict[str, list[Embedding]]
+    texts: list[str]
+    meta: CohereMeta
+    response_type: Literal["embeddings_floats", "embeddings_by_type"]
+
+
+class RerankDocument(Struct):
+    text: str
+
+
+class RerankResult(Struct, kw_only=True):
+    index: int  # of the document in the request
+    relevance_score: float
+    document: RerankDocument | UnsetType = UNSET  # with `return_documents`
+
+
+class RerankResponse(Struct, kw_only=True):
+    id: str
+    object: Literal["rerank"] = "rerank"  # as infinity answers (its client checks it)
+    created: int
+    results: list[RerankResult]
+    model: str
+    usage: Usage
+    meta: CohereMeta
+
+
+class LabelScore(Struct):
+    label: str
+    score: float
+
+
+class ClassifyResponse(Struct, kw_only=True):
+    id: str
+    object: Literal["classify"] = "classify"  # as infinity answers (its client checks it)
+    created: int
+    data: list[list[LabelScore]]  # per input, every label, best first
+    model: str
+    usage: Usage
+
+
+class ModelStats(Struct):
+    """How full the model's queue is (the fields infinity's clients read)."""
+
+    queue_fraction: float
+    queue_absolute: int
+    results_pending: int
+    batch_size: int
+
+
+class ReplicaCard(Struct):
+    device: str
+    ready: bool
+    inputs: int  # computed so far
+    engine: str | None
+
+
+class ModelCard(Struct, kw_only=True):
+    id: str
+    object: Literal["model"] = "model"
+    owned_by: Literal["infinity"] = "infinity"
+    created: int
+    kind: Literal["embed", "rerank", "classify"]
+    capabilities: list[str]
+    backend: str  # the engine of the first replica that loaded
+    stats: ModelStats
+    ready: bool
+    dimensions: int | None
+    max_length: int
+    devices: list[str]
+    replicas: list[ReplicaCard]
+
+
+class ModelList(Struct, kw_only=True):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+class Health(Struct):
+    status: Literal["ok"]
+    unix: float
+
+
+# --- checks beyond the types -------------------------------------------------------------------
 
 class ModelInputs(msgspec.Struct, frozen=True):
     """Either texts or token-id sequences, never both; with `query`, the texts are the
@@ -224,6 +386,4 @@ def rerank_inputs(body: RerankRequest, max_items: int) -> ModelInputs:
             raise APIError(422, f"documents[{i}] must be a string or an object with a string 'text'",
                            param="documents")
         texts.append(document)
-    if body.top_n is not None and body.top_n < 0:
-        raise APIError(422, "top_n must be 0 (all documents) or more", param="top_n")
     return ModelInputs(texts=texts, query=body.query)

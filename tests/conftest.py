@@ -307,6 +307,15 @@ class ServerProcess:
     def get(self, path: str, timeout: float = 30, **kwargs: Any) -> requests.Response:
         return requests.get(self.url(path), timeout=timeout, **kwargs)
 
+    def wait_idle(self, timeout: float = 60) -> None:
+        """Wait until no model has inputs in flight (what earlier tests left running would
+        share batches with the next request, and batch shapes move float results by an ulp)."""
+        def idle() -> bool:
+            models = self.get("/v1/models").json()["data"]
+            return all(model["stats"]["results_pending"] == 0 for model in models)
+
+        assert wait_until(idle, timeout, 0.1), f"the server still computes after {timeout:.0f} s"
+
     def embed(self, input: Any, timeout: float = 120, **fields: Any) -> requests.Response:
         return self.post("/v1/embeddings", {"model": MODEL_NAME, "input": input, **fields},
                          timeout=timeout)

@@ -228,11 +228,18 @@ def test_wrong_method_is_405_json(server, method, path, allowed):
     assert allowed in response.headers.get("Allow", "")
 
 
-@pytest.mark.parametrize("dimensions", [0, -1, 385, 10 ** 6, 2 ** 70])
+@pytest.mark.parametrize("dimensions", [-1, 385, 10 ** 6, 2 ** 70])
 def test_dimensions_out_of_range_is_422(server, dimensions):
     error = assert_error(server.embed(["hello"], dimensions=dimensions), 422)
     assert error["param"] == "dimensions"
     assert "384" in error["message"]
+
+
+def test_dimensions_0_asks_for_all_of_them_as_in_infinity(server):
+    """infinity's generated client sends `dimensions: 0` unless told otherwise."""
+    whole, zero = server.embed(["hello"]).json(), server.embed(["hello"], dimensions=0).json()
+    assert len(zero["data"][0]["embedding"]) == 384
+    np.testing.assert_allclose(zero["data"][0]["embedding"], whole["data"][0]["embedding"], atol=1e-6)
 
 
 @pytest.mark.parametrize("ids", [

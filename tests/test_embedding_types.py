@@ -123,6 +123,9 @@ TEXTS = ["the quick brown fox", "Zürich café 東京 🙂", "a", "embedding ser
 
 
 def _floats(server, **fields) -> np.ndarray:
+    """The float rows of TEXTS, from an idle server: the request they are compared with
+    then runs in the same batch shape and gives the same floats to the bit."""
+    server.wait_idle()
     response = server.embed(TEXTS, **fields)
     assert response.status_code == 200, response.text
     return np.stack([decode_embedding(item["embedding"]) for item in response.json()["data"]])
