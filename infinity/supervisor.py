@@ -102,7 +102,8 @@ class Child:
     def _exited(self, on_exit: Callable[[Child], None]) -> None:
         assert self.process is not None
         asyncio.get_running_loop().remove_reader(self.process.sentinel)
-        self.process.join(0)
+        # The sentinel closes as the process exits, a moment before it can be reaped.
+        self.process.join(1.0)
         self.ready = False
         self.close_socket()
         on_exit(self)

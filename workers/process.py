@@ -8,8 +8,10 @@ import logging
 import os
 import signal
 import sys
+import threading
 
 import zmq
+from tqdm import tqdm
 
 from infinity import protocol
 
@@ -25,6 +27,11 @@ def start_child(args: protocol.WorkerArgs) -> tuple[zmq.Context, zmq.Socket, zmq
         pass
     if os.getppid() != parent:  # the supervisor died before prctl took effect
         os._exit(1)
+    # No progress bars in a server's log: transformers and huggingface_hub draw them with
+    # tqdm, whose first bar creates a named multiprocessing semaphore that a killed child
+    # would leave in /dev/shm.
+    os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
+    tqdm.set_lock(threading.RLock())
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     if args.cpus:
