@@ -28,7 +28,7 @@ from msgspec import UNSET, Struct
 
 from infinity import openapi
 from infinity.config import Config
-from infinity.connections import track_request
+from infinity.connections import BODY, track_request
 from infinity.errors import APIError, error_response
 from infinity.pipeline import Pipeline, Result, ServedModel, StartupError
 from infinity.protocol import ModelSpec
@@ -47,6 +47,7 @@ CONFIG = web.AppKey("config", Config)
 EXIT_CODE = web.AppKey("exit_code", list)
 START_TASK = web.AppKey("start_task", asyncio.Task)
 OPENAPI = web.AppKey("openapi", bytes)
+MAX_INPUT_CHARS = web.AppKey("max_input_chars", int)  # the most any served model reads of one text
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,7 @@ def create_app(config: Config, specs: list[ModelSpec]) -> web.Application:
     app[CONFIG] = config
     app[PIPELINE] = Pipeline(server, specs)
     app[EXIT_CODE] = [0]
+    app[MAX_INPUT_CHARS] = max(spec.max_input_chars for spec in specs)
     for route in ROUTES:
         op = route.operation
         for path in (op.path, *op.aliases):
@@ -311,7 +313,7 @@ async def _read(request: web.Request, request_type: type[Struct]) -> Any:
     if hdrs.CONTENT_TYPE in request.headers and not _is_json(request.content_type):
         raise APIError(415, f"the request body must be JSON (Content-Type: application/json), "
                             f"not {request.content_type}", code="unsupported_media_type")
-    return decode_body(await request.read(), request_type)
+    return decode_body(request[BODY], request_type, request.app[MAX_INPUT_CHARS])
 
 
 def _is_json(media_type: str) -> bool:

@@ -182,24 +182,41 @@ class ConnectionGuard:
         self._sweeper = self._loop.call_later(self._interval, self._sweep)
 
 
+BODY = web.RequestKey("body", bytes)
+
+
 @web.middleware
 async def track_request(request: web.Request,
                         handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
-    """Move the request's connection through its phases: its body is read here, under the
-    body deadline, before the route runs; the connection is idle once the route returns."""
+    """Move the request's connection through its phases: its body is read here (into
+    `request[BODY]`), under the body deadline, before the route runs; the connection is idle
+    once the route returns."""
     connection = request.protocol
-    if not isinstance(connection, GuardedConnection):  # served some other way (a test client)
-        return await handler(request)
-    connection.enter(Phase.BODY)
+    guarded = isinstance(connection, GuardedConnection)  # else served some other way (a test client)
+    if guarded:
+        connection.enter(Phase.BODY)
     try:
-        try:
-            await request.read()
-        except web.RequestPayloadError as exc:
-            raise APIError(400, f"the request body could not be read: {exc}") from None
-        connection.enter(Phase.BUSY)
+        request[BODY] = await _read_body(request)
+        if guarded:
+            connection.enter(Phase.BUSY)
         return await handler(request)
     finally:
-        connection.enter(Phase.IDLE)
+        if guarded:
+            connection.enter(Phase.IDLE)
+
+
+async def _read_body(request: web.Request) -> bytes:
+    """The whole body, copied once (aiohttp's `read` grows a bytearray, then copies it)."""
+    chunks, size, limit = [], 0, request.client_max_size
+    try:
+        async for chunk in request.content.iter_any():
+            size += len(chunk)
+            if size > limit:
+                raise web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=size)
+            chunks.append(chunk)
+    except web.RequestPayloadError as exc:
+        raise APIError(400, f"the request body could not be read: {exc}") from None
+    return b"".join(chunks)
 
 
 class GuardedSite(web.BaseSite):

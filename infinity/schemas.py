@@ -6,6 +6,8 @@ take, limits)."""
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Annotated, Any, Literal, TypeVar
 
 import msgspec
@@ -253,22 +255,40 @@ class ModelInputs(msgspec.Struct, frozen=True):
         return len(self.texts if self.texts is not None else self.token_ids)  # type: ignore[arg-type]
 
 
-def decode_body(body: bytes, request_type: type[msgspec.Struct]) -> Any:
-    """Decode a JSON body into `request_type`, or raise the matching 400/422 APIError."""
+def decode_body(body: bytes, request_type: type[msgspec.Struct], max_chars: int | None = None) -> Any:
+    """Decode a JSON body into `request_type`, or raise the matching 400/422 APIError.
+
+    With `max_chars`, a text in the body longer than that (at the top level, or an item of
+    a top-level list) is decoded only in part, still more than `max_chars` characters of
+    it: no model reads more of an input, and a 16 MiB text then costs one pass over its
+    bytes (which checks the whole body) rather than two."""
     if not body:
         raise APIError(400, "the request body is empty; send a JSON object")
+    with _decode_errors():
+        try:
+            members = msgspec.json.decode(body, type=dict[str, msgspec.Raw])
+        except msgspec.ValidationError:
+            members = None  # not an object: the typed decode below says so
+    if members is not None:
+        repeated = _repeated_key(body, members)
+        if repeated is not None:
+            raise APIError(400, f"the request body names '{repeated}' more than once", param=repeated)
+        if max_chars is not None:
+            body = _shortened(body, members, max_chars)
+    with _decode_errors():
+        return msgspec.json.decode(body, type=request_type)
+
+
+@contextmanager
+def _decode_errors() -> Iterator[None]:
     try:
-        request = msgspec.json.decode(body, type=request_type)
+        yield
     except msgspec.ValidationError as exc:
         raise APIError(422, str(exc), param=_param_of(str(exc))) from None
     except msgspec.DecodeError as exc:
         raise APIError(400, f"the request body is not valid JSON: {exc}") from None
     except RecursionError:
         raise APIError(400, "the request body is nested too deeply") from None
-    repeated = _repeated_key(body)
-    if repeated is not None:
-        raise APIError(400, f"the request body names '{repeated}' more than once", param=repeated)
-    return request
 
 
 # A member's key and the separators around it, between two values of one JSON object.
@@ -276,16 +296,14 @@ _KEY = re.compile(rb'\s*[{,]\s*("(?:[^"\\]|\\.)*")\s*:\s*')
 _END = re.compile(rb"\s*}\s*")
 
 
-def _repeated_key(body: bytes) -> str | None:
+def _repeated_key(body: bytes, members: dict[str, msgspec.Raw]) -> str | None:
     """The first key the top-level object of `body` (valid JSON) names twice, or None.
 
     msgspec silently keeps the last of repeated keys, so a body that says two things is
     refused instead. Found from where each kept value lies in the body (a decoded `Raw`
     points into it): between two kept values there is room for one key only, and a dropped
     member shows as a gap that holds more."""
-    values = msgspec.json.decode(body, type=dict[str, msgspec.Raw])
-    base = np.frombuffer(body, np.uint8).ctypes.data
-    spans = sorted((np.frombuffer(raw, np.uint8).ctypes.data - base, len(raw)) for raw in values.values())
+    spans = sorted((_offset(raw, body), len(raw)) for raw in members.values())
     position = 0
     for start, length in spans:
         key = _KEY.match(body, position, start)
@@ -294,6 +312,81 @@ def _repeated_key(body: bytes) -> str | None:
         position = start + length
     if _END.fullmatch(body, position) is None:
         return _first_key(body, position)
+    return None
+
+
+def _offset(raw: msgspec.Raw, body: bytes) -> int:
+    """Where in `body` the `Raw` decoded from it starts."""
+    return np.frombuffer(raw, np.uint8).ctypes.data - np.frombuffer(body, np.uint8).ctypes.data
+
+
+# The most bytes one character takes in a JSON string: a surrogate pair of \u escapes.
+_CHAR_BYTES = 12
+
+
+def _shortened(body: bytes, members: dict[str, msgspec.Raw], max_chars: int) -> bytes:
+    """`body` with each long text cut to its first `max_chars` + 1 characters or more."""
+    limit = _CHAR_BYTES * (max_chars + 2)
+    if len(body) <= limit:
+        return body
+    values = {key: _short_value(memoryview(raw), limit) for key, raw in members.items()}
+    if all(value is None for value in values.values()):
+        return body
+    return b"{" + b",".join(msgspec.json.encode(key) + b":" + (bytes(members[key]) if value is None else value)
+                            for key, value in values.items()) + b"}"
+
+
+def _short_value(value: memoryview, limit: int) -> bytes | None:
+    """A string (or a list's strings) of more than `limit` bytes cut short; None: unchanged."""
+    if len(value) <= limit:
+        return None
+    if value[0] == ord('"'):
+        return _cut_string(value, limit)
+    if value[0] == ord("["):
+        items = msgspec.json.decode(value, type=list[msgspec.Raw])
+        cut = [_short_value(memoryview(item), limit) for item in items]
+        if any(c is not None for c in cut):
+            return b"[" + b",".join(bytes(item) if c is None else c for item, c in zip(items, cut)) + b"]"
+    return None
+
+
+def _cut_string(literal: memoryview, limit: int) -> bytes | None:
+    """The JSON string `literal` cut after at most `limit` bytes, before any character or
+    escape the cut would split, and closed again; None if no such cut decodes."""
+    end = limit
+    while literal[end] & 0xC0 == 0x80:  # inside a UTF-8 sequence
+        end -= 1
+    escape = _last_escape(literal, end)
+    if escape is not None and escape + _escape_length(literal, escape) > end:  # the cut would split it
+        end = escape
+    escape = _last_escape(literal, end)
+    if escape is not None and escape + 6 == end and _is_high_surrogate(literal[escape:end]):
+        end = escape  # keep a surrogate pair whole
+    cut = bytes(literal[:end]) + b'"'
+    try:
+        msgspec.json.decode(cut)
+    except msgspec.DecodeError:
+        return None
+    return cut
+
+
+def _escape_length(literal: memoryview, start: int) -> int:
+    return 6 if literal[start + 1] == ord("u") else 2
+
+
+def _is_high_surrogate(escape: memoryview) -> bool:
+    return escape[1] == ord("u") and 0xD800 <= int(bytes(escape[2:6]), 16) <= 0xDBFF
+
+
+def _last_escape(literal: memoryview, end: int) -> int | None:
+    """Where the last escape sequence that starts in the `_CHAR_BYTES` bytes before `end`
+    begins (a backslash preceded by an even number of backslashes), or None."""
+    for start in range(end - 1, max(0, end - _CHAR_BYTES), -1):
+        if literal[start] == ord("\\"):
+            run = 1
+            while start - run >= 0 and literal[start - run] == ord("\\"):
+                run += 1
+            return start if run % 2 == 1 else None  # else it ends a run of escaped backslashes
     return None
 
 

@@ -122,3 +122,43 @@ def test_slot_pool_admits_only_what_fits():
     assert pool.free == 1
     pool.give_back(first)
     assert sorted(pool.take(3)) == [0, 1, 2]
+
+
+@pytest.mark.parametrize("value", [
+    "x " * 300_000,
+    ["short", "héllo 🙂 wörld " * 50_000, "東京" * 200_000],
+    "a\\n\"é\u00e9🙂" * 60_000,  # escapes, and surrogate pairs once written as \u escapes
+])
+@pytest.mark.parametrize("ascii_only", [True, False])
+def test_long_texts_are_decoded_in_part_as_prefixes_of_more_than_max_chars(value, ascii_only):
+    import json
+
+    max_chars = 1000
+    body = json.dumps({"model": "m", "input": value}, ensure_ascii=ascii_only).encode()
+    decoded = decode_body(body, EmbeddingRequest, max_chars)
+    whole = [value] if isinstance(value, str) else value
+    got = [decoded.input] if isinstance(decoded.input, str) else decoded.input
+    assert len(got) == len(whole) and decoded.model == "m"
+    for part, text in zip(got, whole):
+        assert text.startswith(part)
+        assert part == text or max_chars < len(part) < len(text) / 10
+
+
+def test_a_cut_string_is_a_prefix_wherever_the_cut_falls():
+    import json
+    import random
+
+    from infinity.schemas import _cut_string
+
+    rng = random.Random(0)
+    alphabet = ["a", "é", "東", "🙂", "\n", "\\", '"', "\u0001", "x"]
+    cuts = 0
+    for _ in range(2000):
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randint(20, 200)))
+        literal = json.dumps(text, ensure_ascii=rng.random() < 0.5).encode()
+        limit = rng.randint(2, len(literal) - 1)
+        cut = _cut_string(memoryview(literal), limit)
+        if cut is not None:
+            cuts += 1
+            assert text.startswith(msgspec.json.decode(cut)) and len(cut) <= limit + 1
+    assert cuts == 2000  # every cut decodes (none falls back to keeping the whole text)
