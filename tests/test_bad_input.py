@@ -90,6 +90,9 @@ def test_deeply_nested_body_is_400(server):
     (b'{"input": "a", "input": "b"}', "input"),
     (b'{"model": "%s", "input": "a", "model": "other"}' % MODEL_NAME.encode(), "model"),
     (b'{"input": "a", "\\u0069nput": 5}', "input"),
+    (b'{"input": "a", "input": "a"}', "input"),
+    (b' { "a": 1 , "a" : 2 } ', "a"),
+    (b'{"x": {}, "x": []}', "x"),
 ])
 def test_repeated_keys_are_400(server, body, param):
     error = assert_error(post_raw(server, body), 400)
