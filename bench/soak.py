@@ -265,7 +265,7 @@ def malformed_requests() -> list[PlannedRequest]:
         mistake("missing input", embeddings, {"model": MODEL_NAME}),
         mistake("unknown model", embeddings, {"model": "no-such-model", "input": "hello"}),
         mistake("unknown encoding_format", embeddings, {"model": MODEL_NAME, "input": "hi", "encoding_format": "hex"}),
-        mistake("dimensions 0", embeddings, {"model": MODEL_NAME, "input": "hello", "dimensions": 0}),
+        mistake("dimensions -1", embeddings, {"model": MODEL_NAME, "input": "hello", "dimensions": -1}),
         mistake("token id out of vocabulary", embeddings, {"model": MODEL_NAME, "input": [[999_999_999]]}),
         mistake("embedder on the rerank route", rerank, {"model": MODEL_NAME, "query": "q", "documents": ["d"]}),
         mistake("rerank without documents", rerank, {"model": RERANKER_NAME, "query": "q", "documents": []}),

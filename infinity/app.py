@@ -47,6 +47,7 @@ CONFIG = web.AppKey("config", Config)
 EXIT_CODE = web.AppKey("exit_code", list)
 START_TASK = web.AppKey("start_task", asyncio.Task)
 OPENAPI = web.AppKey("openapi", bytes)
+DOCS = web.AppKey("docs", str)
 MAX_INPUT_CHARS = web.AppKey("max_input_chars", int)  # the most any served model reads of one text
 
 
@@ -73,16 +74,16 @@ def create_app(config: Config, specs: list[ModelSpec]) -> web.Application:
         op = route.operation
         for path in (op.path, *op.aliases):
             app.router.add_route(op.method.upper(), server.url_prefix + path, _handler(route))
-    names: dict[str, list[str]] = {}
-    for name in dict.fromkeys(spec.name for spec in specs):
-        names.setdefault(next(spec.kind for spec in specs if spec.name == name), []).append(name)
+    names: dict[str, list[str]] = {}  # the served models of each kind
+    for spec in specs:
+        if spec.name not in names.setdefault(spec.kind, []):
+            names[spec.kind].append(spec.name)
     document = openapi.document([route.operation for route in ROUTES], "infinity-serve", version("infinity-serve"),
                                 names, server.url_prefix, api_key=server.api_key is not None)
     app[OPENAPI] = msgspec.json.encode(document)
-    page = openapi.render_html(document)
+    app[DOCS] = openapi.render_html(document)
     app.router.add_get(f"{server.url_prefix}/openapi.json", _serve_openapi)
-    app.router.add_get(f"{server.url_prefix}/docs",
-                       lambda _: _respond(web.Response(text=page, content_type="text/html")))
+    app.router.add_get(f"{server.url_prefix}/docs", _serve_docs)
     app.on_startup.append(_start_pipeline)
     app.on_cleanup.append(_stop_pipeline)
     return app
@@ -105,8 +106,8 @@ async def _serve_openapi(request: web.Request) -> web.Response:
     return web.Response(body=request.app[OPENAPI], content_type="application/json")
 
 
-async def _respond(response: web.Response) -> web.Response:
-    return response
+async def _serve_docs(request: web.Request) -> web.Response:
+    return web.Response(text=request.app[DOCS], content_type="text/html")
 
 
 # --- middlewares ------------------------------------------------------------------------
