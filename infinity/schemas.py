@@ -294,7 +294,6 @@ def _decode_errors() -> Iterator[None]:
 # A member's key and the separators around it, between two values of one JSON object.
 _KEY = re.compile(rb'\s*[{,]\s*("(?:[^"\\]|\\.)*")\s*:\s*')
 _END = re.compile(rb"\s*}\s*")
-_EMPTY = re.compile(rb"\s*{\s*}\s*")
 
 
 def _repeated_key(body: bytes, members: dict[str, msgspec.Raw]) -> str | None:
@@ -305,8 +304,8 @@ def _repeated_key(body: bytes, members: dict[str, msgspec.Raw]) -> str | None:
     points into it): between two kept values there is room for one key only, and a dropped
     member shows as a gap that holds more."""
     spans = sorted((_offset(raw, body), len(raw)) for raw in members.values())
-    if not spans:
-        return None if _EMPTY.fullmatch(body) else _first_key(body, body.index(b"{"))
+    if not spans:  # an empty object
+        return None
     position = 0
     for start, length in spans:
         key = _KEY.match(body, position, start)
