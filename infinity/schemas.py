@@ -303,7 +303,8 @@ def _repeated_key(body: bytes, members: dict[str, msgspec.Raw]) -> str | None:
     refused instead. Found from where each kept value lies in the body (a decoded `Raw`
     points into it): between two kept values there is room for one key only, and a dropped
     member shows as a gap that holds more."""
-    spans = sorted((_offset(raw, body), len(raw)) for raw in members.values())
+    base = _address(body)
+    spans = sorted((_address(raw) - base, len(raw)) for raw in members.values())
     if not spans:  # an empty object
         return None
     position = 0
@@ -317,9 +318,9 @@ def _repeated_key(body: bytes, members: dict[str, msgspec.Raw]) -> str | None:
     return None
 
 
-def _offset(raw: msgspec.Raw, body: bytes) -> int:
-    """Where in `body` the `Raw` decoded from it starts."""
-    return np.frombuffer(raw, np.uint8).ctypes.data - np.frombuffer(body, np.uint8).ctypes.data
+def _address(buffer: bytes | msgspec.Raw) -> int:
+    """Where `buffer` lies in memory: a `Raw` decoded from a body lies inside it."""
+    return np.frombuffer(buffer, np.uint8).ctypes.data
 
 
 # The most bytes one character takes in a JSON string: a surrogate pair of \u escapes.

@@ -230,3 +230,18 @@ def test_with_truncation_off_a_long_input_is_refused_without_reading_it_all(tmp_
         tokenizer.tokenize(protocol.Tokenize(1, "m", texts=[" " * (spec.max_input_chars + 1) + "a"]))
     with pytest.raises(InputError, match=r"input\[0\] has 20 tokens, more than the maximum of 16"):
         tokenizer.tokenize(protocol.Tokenize(1, "m", texts=["word " * 18]))
+
+
+def test_a_model_that_lower_cases_reads_its_prefixes_lower_cased(tmp_path):
+    """sentence-transformers' do_lower_case: the prefix is found and tokenized lower-cased,
+    as the whole text would be."""
+    spec = msgspec.structs.replace(_spec("bpe", tmp_path / "bpe", "embed", 16), lowercase=True)
+    tokenizer = ModelTokenizer(spec)
+    reference = Tokenizer.from_file(str(Path(spec.path) / "tokenizer.json"))
+    reference.no_padding()
+    reference.enable_truncation(16)
+    rng = random.Random(5)
+    texts = [long_text(rng, rng.randint(200, spec.max_input_chars)).upper() for _ in range(20)]
+    answer = tokenizer.tokenize(protocol.Tokenize(1, "m", texts=texts))
+    expected = reference.encode_batch([text.lower() for text in texts])
+    assert _split(answer) == [encoding.ids for encoding in expected]

@@ -114,13 +114,17 @@ class ModelTokenizer:
         whether that is less than the whole text."""
         read, cut = [], []
         for text in texts:
-            prefix = self._prefix(text)
-            read.append(prefix.lower() if self._spec.lowercase else prefix)
-            cut.append(len(prefix) < len(text))
+            prefix, was_cut = self._prefix(text)
+            read.append(prefix)
+            cut.append(was_cut)
         return read, cut
 
-    def _prefix(self, text: str) -> str:
-        """`text`, or a prefix of it with the same first `max_length` tokens.
+    def _cased(self, text: str) -> str:
+        return text.lower() if self._spec.lowercase else text
+
+    def _prefix(self, text: str) -> tuple[str, bool]:
+        """(`text`, or a prefix of it with the same first `max_length` tokens, lower-cased
+        if the model wants it; whether it is a prefix).
 
         A prefix qualifies when its token `max_length` lies in a word (a piece of the
         pre-tokenizer's split) that is not its last: words before the cut tokenize as in the
@@ -129,12 +133,12 @@ class ModelTokenizer:
         size = self._first_prefix
         while size < len(text):
             if size >= self._spec.max_input_chars:
-                return text[:self._spec.max_input_chars]
-            prefix = text[:size]
-            if self._holds_first_tokens(prefix.lower() if self._spec.lowercase else prefix):
-                return prefix
+                return self._cased(text[:self._spec.max_input_chars]), True
+            prefix = self._cased(text[:size])
+            if self._holds_first_tokens(prefix):
+                return prefix, True
             size = min(4 * size, self._spec.max_input_chars)
-        return text
+        return self._cased(text), False
 
     def _holds_first_tokens(self, prefix: str) -> bool:
         words = self._untruncated.encode(prefix, add_special_tokens=False).word_ids
