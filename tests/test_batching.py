@@ -25,6 +25,21 @@ def _submit(scheduler: Scheduler, request_id: int, lengths: list[int], model: st
     scheduler.submit(request_id, model, ids, lengths, [request_id * 100 + i for i in range(len(lengths))])
 
 
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _clocked_scheduler(overhead: float) -> tuple[Scheduler, _Clock]:
+    clock = _Clock()
+    scheduler = Scheduler(clock)
+    scheduler.add_model("m", 1000, 32, pad_id=0, pass_overhead_tokens=overhead, lanes=100)
+    return scheduler, clock
+
+
 def test_batch_is_padded_to_its_longest_input():
     scheduler = _scheduler()
     _submit(scheduler, 1, [3, 5, 2])
@@ -81,12 +96,20 @@ def test_split_by_cost(lengths, overhead, weight, groups):
 
 
 def test_mixed_lengths_run_in_groups_starting_with_the_oldest():
-    scheduler = _scheduler(overhead=16)
-    _submit(scheduler, 1, [200])  # oldest
-    _submit(scheduler, 2, [5, 6, 190, 7])
+    scheduler, _ = _clocked_scheduler(overhead=16)  # a still clock: nothing has waited longer
+    _submit(scheduler, 1, [100])  # oldest
+    _submit(scheduler, 2, [5, 6, 95, 7])
     first = scheduler.next_batch()
-    assert sorted(item.length for item in first.items) == [190, 200]
+    assert sorted(item.length for item in first.items) == [95, 100]
     assert sorted(item.length for item in scheduler.next_batch().items) == [5, 6, 7]
+
+
+def test_a_pass_holds_no_more_padded_tokens_than_a_multiple_of_its_fixed_cost():
+    scheduler, _ = _clocked_scheduler(overhead=30)  # at most 16 x 30 = 480 padded tokens
+    _submit(scheduler, 1, [256, 256])
+    assert [len(scheduler.next_batch().items) for _ in range(2)] == [1, 1]
+    _submit(scheduler, 2, [20] * 30)
+    assert [len(scheduler.next_batch().items) for _ in range(2)] == [24, 6]
 
 
 def test_oldest_input_is_never_starved_by_shorter_arrivals():
@@ -96,6 +119,36 @@ def test_oldest_input_is_never_starved_by_shorter_arrivals():
         _submit(scheduler, request_id, [2])
     batch = scheduler.next_batch()
     assert any(item.request.request_id == 1 for item in batch.items)
+
+
+def test_a_short_input_overtakes_long_ones_once_it_has_waited_longer_for_its_cost():
+    scheduler, clock = _clocked_scheduler(overhead=30)
+    _submit(scheduler, 1, [256])  # cost 286
+    clock.now = 1.0
+    _submit(scheduler, 2, [10])  # cost 40: waited 0 s
+    assert [item.length for item in scheduler.next_batch().items] == [256]
+    _submit(scheduler, 3, [256])
+    clock.now = 1.5  # request 3 waited 0.5 s for 286, request 2 0.5 s for 40
+    assert [item.request.request_id for item in scheduler.next_batch().items] == [2]
+    assert [item.request.request_id for item in scheduler.next_batch().items] == [3]
+
+
+def test_a_long_input_that_waited_long_enough_is_not_overtaken():
+    scheduler, clock = _clocked_scheduler(overhead=30)
+    _submit(scheduler, 1, [256])
+    clock.now = 10.0
+    _submit(scheduler, 2, [10])
+    clock.now = 11.0  # 10 s / 286 (request 1) against 1 s / 40 (request 2)
+    assert [item.request.request_id for item in scheduler.next_batch().items] == [1]
+
+
+def test_inputs_of_similar_cost_keep_their_order():
+    scheduler, clock = _clocked_scheduler(overhead=30)
+    _submit(scheduler, 1, [60])  # cost 90: a 10-token input (40) is not a quarter of it
+    clock.now = 1.0
+    _submit(scheduler, 2, [10])
+    clock.now = 100.0
+    assert [item.request.request_id for item in scheduler.next_batch().items] == [1]
 
 
 def test_models_take_turns_by_age():

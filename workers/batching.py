@@ -1,8 +1,12 @@
 """Dynamic batching for the inference process: a queue of tokenized inputs per model,
 cut into batches by a token budget and a count cap.
 
-A batch always holds the oldest waiting input of the model that has waited longest (so
-nothing starves), plus inputs close to it in length, within `max_batch_tokens` (counted
+A batch is cut around an anchor input of the model that has waited longest: the oldest
+waiting input, unless an input that costs far less (`OVERTAKE_FACTOR`) has waited
+longer for its cost (the highest response ratio, waited time over cost, wins), so a
+short request does not queue behind long inputs and a long one still runs once it has
+waited in proportion; nothing starves. The batch holds the anchor plus inputs close to
+it in length, within `max_batch_tokens` (counted
 padded: inputs × longest input) and `max_batch_size`. Where lengths differ widely, the
 candidates are split into groups by a cost model (a fixed cost per forward pass, one
 unit per token, and a fraction of one per padding token, measured at warm-up: about 0.1
@@ -30,7 +34,9 @@ from __future__ import annotations
 import bisect
 import itertools
 import threading
+import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -54,6 +60,7 @@ class Item:
     ids: np.ndarray
     type_ids: np.ndarray | None  # token segments of a query-document pair
     seq: int  # arrival order, for fairness
+    arrived: float  # the scheduler's clock when it was queued
 
     @property
     def length(self) -> int:
@@ -84,8 +91,20 @@ class _ModelQueue:
     by_length: list[tuple[int, int, Item]] = field(default_factory=list)
 
 
+# A pass holds at most this many times its fixed cost in padded tokens (or one input
+# alone): a larger one saves under 1/16 of its time but makes whatever arrives wait for
+# all of it, so a short request beside long ones would queue behind two or more of them.
+PASS_OVERHEADS = 16
+
+# An input overtakes the oldest only if the oldest costs this many times as much: among
+# inputs of similar cost the order stays first come, first served, which keeps the tail
+# of uniform loads where it is.
+OVERTAKE_FACTOR = 4.0
+
+
 class Scheduler:
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
         self._queues: dict[str, _ModelQueue] = {}
         self._requests: dict[int, PendingRequest] = {}
         self._seq = itertools.count()
@@ -103,7 +122,8 @@ class Scheduler:
         decide when inputs of different lengths share a padded batch. `lanes`: how many
         of the model's batches may run at once; `widens`: whether its engine can run one
         pass on every core."""
-        self._queues[name] = _ModelQueue(max_batch_tokens, max_batch_size, pad_id, pass_overhead_tokens,
+        budget = min(max_batch_tokens, max(int(PASS_OVERHEADS * pass_overhead_tokens), 1))
+        self._queues[name] = _ModelQueue(budget, max_batch_size, pad_id, pass_overhead_tokens,
                                          padding_weight, lanes, widens)
 
     @property
@@ -115,13 +135,14 @@ class Scheduler:
                slots: list[int], type_ids: np.ndarray | None = None) -> None:
         """Queue a request's inputs (`ids` and `type_ids` concatenated, split by `lengths`)."""
         offsets = np.cumsum([0, *lengths])
+        arrived = self._clock()
         with self._lock:
             request = PendingRequest(request_id, model, len(lengths))
             self._requests[request_id] = request
             queue = self._queues[model]
             for i, slot in enumerate(slots):
                 part = slice(offsets[i], offsets[i + 1])
-                item = Item(request, slot, ids[part], None if type_ids is None else type_ids[part], next(self._seq))
+                item = Item(request, slot, ids[part], None if type_ids is None else type_ids[part], next(self._seq), arrived)
                 bisect.insort(queue.by_length, (item.length, item.seq, item), key=_sort_key)
             self._wakeup.notify()
 
@@ -158,7 +179,7 @@ class Scheduler:
         if self._shares:
             return *self._shares.popleft(), False
         queue = self._queues[model]
-        items = _cut(queue)
+        items = _cut(queue, self._clock())
         idle = self._idle - len(self._shares)  # lanes waiting and not yet handed a share
         queue.running += 1
         if len(items) == 1 and queue.widens and idle == self.lanes - 1:
@@ -218,11 +239,11 @@ def _sort_key(entry: tuple[int, int, Item]) -> tuple[int, int]:
     return entry[0], entry[1]
 
 
-def _cut(queue: _ModelQueue) -> list[Item]:
+def _cut(queue: _ModelQueue, now: float) -> list[Item]:
     """Remove and return the next batch of `queue`: the cheapest group, per token, of
-    inputs of similar length around the oldest waiting one."""
+    inputs of similar length around the anchor."""
     entries = queue.by_length
-    anchor = min(range(len(entries)), key=lambda i: entries[i][1])
+    anchor = _anchor(entries, queue.pass_overhead_tokens, now)
     lo, hi = _window(entries, anchor, queue.max_batch_tokens, queue.max_batch_size)
     lengths = [entry[0] for entry in entries[lo:hi + 1]]
     first, last = _group_of(anchor - lo, split_by_cost(lengths, queue.pass_overhead_tokens,
@@ -230,6 +251,20 @@ def _cut(queue: _ModelQueue) -> list[Item]:
     batch = [entry[2] for entry in entries[lo + first:lo + last + 1]]
     del entries[lo + first:lo + last + 1]
     return batch
+
+
+def _anchor(entries: list[tuple[int, int, Item]], overhead_tokens: float, now: float) -> int:
+    """Index of the input the next batch is built around: the oldest, or the oldest of the
+    inputs at most 1 / OVERTAKE_FACTOR of its cost (a pass alone: overhead + length) if
+    that one has waited longer in proportion to its cost."""
+    oldest = min(range(len(entries)), key=lambda i: entries[i][1])
+    oldest_cost = overhead_tokens + entries[oldest][0]
+    cheap = bisect.bisect_right(entries, oldest_cost / OVERTAKE_FACTOR - overhead_tokens, key=lambda e: e[0])
+    if cheap == 0:
+        return oldest
+    candidate = min(range(cheap), key=lambda i: entries[i][1])
+    ratio = (now - entries[candidate][2].arrived) / (overhead_tokens + entries[candidate][0])
+    return candidate if ratio > (now - entries[oldest][2].arrived) / oldest_cost else oldest
 
 
 def _window(entries: list[tuple[int, int, Item]], anchor: int, max_tokens: int, max_size: int) -> tuple[int, int]:
