@@ -182,7 +182,7 @@ class ConnectionGuard:
         self._sweeper = self._loop.call_later(self._interval, self._sweep)
 
 
-BODY = web.RequestKey("body", bytes)
+BODY = web.RequestKey("body", bytearray)
 
 
 @web.middleware
@@ -205,18 +205,18 @@ async def track_request(request: web.Request,
             connection.enter(Phase.IDLE)
 
 
-async def _read_body(request: web.Request) -> bytes:
-    """The whole body, copied once (aiohttp's `read` grows a bytearray, then copies it)."""
-    chunks, size, limit = [], 0, request.client_max_size
+async def _read_body(request: web.Request) -> bytearray:
+    """The whole body, appended chunk by chunk as it arrives: joining the chunks at the
+    end would copy a large body in one step and stall every other request meanwhile."""
+    body, limit = bytearray(), request.client_max_size
     try:
         async for chunk in request.content.iter_any():
-            size += len(chunk)
-            if size > limit:
-                raise web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=size)
-            chunks.append(chunk)
+            if len(body) + len(chunk) > limit:
+                raise web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=len(body) + len(chunk))
+            body += chunk
     except web.RequestPayloadError as exc:
         raise APIError(400, f"the request body could not be read: {exc}") from None
-    return b"".join(chunks)
+    return body
 
 
 class GuardedSite(web.BaseSite):

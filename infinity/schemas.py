@@ -255,7 +255,7 @@ class ModelInputs(msgspec.Struct, frozen=True):
         return len(self.texts if self.texts is not None else self.token_ids)  # type: ignore[arg-type]
 
 
-def decode_body(body: bytes, request_type: type[msgspec.Struct], max_chars: int | None = None) -> Any:
+def decode_body(body: bytes | bytearray, request_type: type[msgspec.Struct], max_chars: int | None = None) -> Any:
     """Decode a JSON body into `request_type`, or raise the matching 400/422 APIError.
 
     With `max_chars`, a text in the body longer than that (at the top level, or an item of
@@ -296,7 +296,7 @@ _KEY = re.compile(rb'\s*[{,]\s*("(?:[^"\\]|\\.)*")\s*:\s*')
 _END = re.compile(rb"\s*}\s*")
 
 
-def _repeated_key(body: bytes, members: dict[str, msgspec.Raw]) -> str | None:
+def _repeated_key(body: bytes | bytearray, members: dict[str, msgspec.Raw]) -> str | None:
     """The first key the top-level object of `body` (valid JSON) names twice, or None.
 
     msgspec silently keeps the last of repeated keys, so a body that says two things is
@@ -318,7 +318,7 @@ def _repeated_key(body: bytes, members: dict[str, msgspec.Raw]) -> str | None:
     return None
 
 
-def _address(buffer: bytes | msgspec.Raw) -> int:
+def _address(buffer: bytes | bytearray | msgspec.Raw) -> int:
     """Where `buffer` lies in memory: a `Raw` decoded from a body lies inside it."""
     return np.frombuffer(buffer, np.uint8).ctypes.data
 
@@ -327,7 +327,7 @@ def _address(buffer: bytes | msgspec.Raw) -> int:
 _CHAR_BYTES = 12
 
 
-def _shortened(body: bytes, members: dict[str, msgspec.Raw], max_chars: int) -> bytes:
+def _shortened(body: bytes | bytearray, members: dict[str, msgspec.Raw], max_chars: int) -> bytes | bytearray:
     """`body` with each long text cut to its first `max_chars` + 1 characters or more."""
     limit = _CHAR_BYTES * (max_chars + 2)
     if len(body) <= limit:
@@ -393,7 +393,7 @@ def _last_escape(literal: memoryview, end: int) -> int | None:
     return None
 
 
-def _first_key(body: bytes, position: int) -> str:
+def _first_key(body: bytes | bytearray, position: int) -> str:
     """The key of the member that starts at `position` (the one a later member repeats)."""
     key = _KEY.match(body, position)
     return msgspec.json.decode(key.group(1)) if key else "?"
