@@ -6,12 +6,11 @@ waiting input, unless an input that costs far less (`OVERTAKE_FACTOR`) has waite
 longer for its cost (the highest response ratio, waited time over cost, wins), so a
 short request does not queue behind long inputs and a long one still runs once it has
 waited in proportion; nothing starves. The batch holds the anchor plus inputs close to
-it in length, within `max_batch_tokens` (counted
-padded: inputs × longest input) and `max_batch_size`. Where lengths differ widely, the
-candidates are split into groups by a cost model (a fixed cost per forward pass, one
-unit per token, and a fraction of one per padding token, measured at warm-up: about 0.1
-for the torch engine's padding-free BERT forward, 0.6 for CTranslate2 float32, 1 for ONNX
-Runtime), and only the oldest input's group runs now; the others
+it in length, within `max_batch_tokens` (counted padded: inputs × longest input; never
+more than `PASS_OVERHEADS` times a pass's fixed cost) and `max_batch_size`. Where
+lengths differ widely, the candidates are split into groups by a cost model (a fixed cost
+per forward pass, one unit per token, and a fraction of one per padding token, both
+measured at warm-up), and only the anchor's group runs now; the others
 wait for the next pass, where later arrivals may join them. There is no waiting window: a
 batch is cut as soon as a lane is free, from whatever has arrived. Inputs of a
 cancelled request are dropped before they reach a batch.
