@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from bench.corpus import sentences
-from workers.models import packaged_model_folder as model_dir
+from infinity.models import packaged_model_folder as model_dir
 
 BATCH_SIZE = 32
 

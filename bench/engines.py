@@ -29,8 +29,8 @@ from tokenizers import Tokenizer
 from bench.corpus import sentences
 from bench.replay import pad_batch
 from infinity.config import ModelConfig
+from infinity.models import resolve_model
 from workers.engines import load_engine, set_torch_threads
-from workers.models import resolve_model
 
 DEFAULT_ENGINES = ("torch:float32", "onnx:float32", "ctranslate2:float32", "onnx:int8", "ctranslate2:int8")
 

@@ -42,9 +42,9 @@ SHAPES = {"words": "all work and no play makes jack a dull boy ", "spaces": " ",
 def tokenizer_costs(mib: int) -> dict[str, float]:
     """Seconds one `mib` MiB text of each shape costs the default model's tokenizer."""
     sys.path.insert(0, str(REPO))
-    from infinity import protocol
     from infinity.config import ModelConfig
-    from workers.models import resolve_model
+    from infinity.models import resolve_model
+    from infinity.shared import protocol
     from workers.tokenization import ModelTokenizer
 
     tokenizer = ModelTokenizer(resolve_model(ModelConfig(name="m")))

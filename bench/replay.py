@@ -15,9 +15,9 @@ from tokenizers import Tokenizer
 
 from bench.corpus import sentences
 from infinity.config import ModelConfig
+from infinity.models import resolve_model
 from workers.batching import split_by_cost
 from workers.engines import load_engine
-from workers.models import resolve_model
 
 
 def pad_batch(group: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

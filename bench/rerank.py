@@ -130,7 +130,7 @@ def build_model(folder: Path = MODEL_DIR) -> Path:
     import torch
     from transformers import AutoTokenizer, BertForSequenceClassification
 
-    from workers.models import packaged_model_folder
+    from infinity.models import packaged_model_folder
 
     source = packaged_model_folder()
     torch.manual_seed(SEED)

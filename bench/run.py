@@ -61,7 +61,7 @@ from typing import TypeVar
 
 from bench import cpu
 from bench.loadgen import DEFAULT_MODEL, LoadConfig, LoadResult, check_response, run_load
-from workers.models import packaged_model_folder as model_dir
+from infinity.models import packaged_model_folder as model_dir
 
 T = TypeVar("T")
 

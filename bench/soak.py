@@ -608,7 +608,7 @@ def compare_with_reference(samples: list[tuple[list[str], np.ndarray]]) -> Refer
         return ReferenceCheck(0, 0, None, [])
     from sentence_transformers import SentenceTransformer
 
-    from workers.models import packaged_model_folder
+    from infinity.models import packaged_model_folder
 
     model = SentenceTransformer(str(packaged_model_folder()), device="cpu")
     texts = [text for batch, _ in samples for text in batch]

@@ -31,7 +31,7 @@ from infinity.config import Config
 from infinity.connections import BODY, track_request
 from infinity.errors import APIError, error_response
 from infinity.pipeline import Pipeline, Result, ServedModel, StartupError
-from infinity.protocol import ModelSpec
+from infinity.shared.protocol import ModelSpec
 from infinity.quantize import encode
 from infinity.schemas import (ApiVersion, BilledUnits, ClassifyRequest, ClassifyResponse, CohereEmbedRequest,
                               CohereEmbedResponse, CohereMeta, EmbeddingData, EmbeddingRequest, EmbeddingResponse,

@@ -14,7 +14,7 @@ from aiohttp import web
 
 from infinity.config import Config, ConfigError, ServerConfig, load_config
 from infinity.connections import ConnectionGuard, ConnectionLimits, GuardedSite
-from infinity.protocol import ModelSpec
+from infinity.shared.protocol import ModelSpec
 
 _SERVER_FLAGS = {
     # flag: (server key, type, help)
@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> None:
                              model_name=args.served_name)
         logging.basicConfig(level=config.server.log_level.upper(),
                             format="%(asctime)s %(levelname)s [front] %(message)s")
-        from workers.models import resolve_replicas
+        from infinity.models import resolve_replicas
 
         specs = [spec for model in config.models for spec in resolve_replicas(model)]
     except ConfigError as exc:
@@ -79,8 +79,8 @@ def main(argv: list[str] | None = None) -> None:
 def _serve(config: Config, specs: list[ModelSpec]) -> int:
     import uvloop
 
-    from infinity import shm
     from infinity.app import EXIT_CODE, create_app
+    from infinity.shared import shm
 
     stale = shm.remove_stale()
     if stale:

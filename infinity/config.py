@@ -16,7 +16,7 @@ from typing import Any, Literal
 import msgspec
 
 from infinity.quantize import EmbeddingType
-from workers.devices import normalise as normalise_device
+from infinity.shared.devices import normalise as normalise_device
 
 DEFAULT_MODEL_SOURCE = "default"
 DEFAULT_MODEL_NAME = "all-MiniLM-L6-v2"
@@ -35,7 +35,7 @@ class ModelConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     name: str = ""
     source: str = DEFAULT_MODEL_SOURCE
     kind: ModelKind = "auto"
-    # One device, or several: one replica of the model on each (see workers/devices.py).
+    # One device, or several: one replica of the model on each (see infinity/shared/devices.py).
     device: str | list[str] = "cpu"
     engine: Literal["torch", "onnx", "ctranslate2", "auto"] = "auto"
     # Each engine takes some: torch float32|float16|bfloat16, onnx float32|int8 (CPU)|float16 (CUDA),

@@ -22,14 +22,19 @@ from dataclasses import dataclass, field
 import numpy as np
 import zmq
 
-from infinity import protocol, shm
 from infinity.config import ServerConfig
 from infinity.errors import APIError
-from infinity.protocol import ModelSpec
 from infinity.schemas import ModelInputs
+from infinity.shared import devices, protocol, shm
+from infinity.shared.protocol import ModelSpec
 from infinity.supervisor import Child, plan_cpus, usable_cpus
-from workers import devices, inference_worker, tokenizer_worker
+# The one path by which worker code runs in the front end: small requests are tokenized
+# here, with the tokenizer processes' own code, rather than paying two messages
+# (`Pipeline._inline_tokenizers`).
 from workers.tokenization import ModelTokenizer, reply
+
+TOKENIZER_ENTRY_POINT = "workers.tokenizer_worker:main"
+INFERENCE_ENTRY_POINT = "workers.inference_worker:main"
 
 log = logging.getLogger(__name__)
 
@@ -177,14 +182,14 @@ class Pipeline:
         first_specs = [model.spec for model in self.models.values()]
         self._inline = self._inline_tokenizers(first_specs)
         self.tokenizers = [
-            Child(self._args(f"tokenizer-{i}", first_specs, cpus, 1), tokenizer_worker.main)
+            Child(self._args(f"tokenizer-{i}", first_specs, cpus, 1), TOKENIZER_ENTRY_POINT)
             for i, cpus in enumerate(plan.tokenizer_cpus)
         ]
         self.inference: list[Child] = []
         for device in all_devices:
             on_device = [spec for spec in specs if spec.device == device]
             cpus, threads = placement.get(device, (plan.inference_cpus, plan.inference_threads))
-            child = Child(self._args(f"inference-{device}", on_device, cpus, threads), inference_worker.main)
+            child = Child(self._args(f"inference-{device}", on_device, cpus, threads), INFERENCE_ENTRY_POINT)
             self.inference.append(child)
             for spec in on_device:
                 self.models[spec.name].replicas.append(Replica(device, child))

@@ -1,6 +1,8 @@
 """Child processes of the server: how many, on which CPUs, started how, and stopped how.
 
-The supervisor starts each child with `multiprocessing` (spawn), watches its sentinel
+The supervisor starts each child with `multiprocessing` (spawn) by its entry point, a
+"module:function" name the child imports (so the front end never imports worker code
+to start one), watches its sentinel
 from the event loop so a death is noticed at once, restarts it with a back-off, and at
 stop terminates every child, then kills any that linger.
 """
@@ -8,6 +10,7 @@ stop terminates every child, then kills any that linger.
 from __future__ import annotations
 
 import asyncio
+import importlib
 import logging
 import multiprocessing
 import os
@@ -16,7 +19,7 @@ from dataclasses import dataclass
 
 import zmq
 
-from infinity import protocol
+from infinity.shared import protocol
 
 log = logging.getLogger(__name__)
 
@@ -71,13 +74,19 @@ def usable_cpus() -> list[int]:
     return sorted(os.sched_getaffinity(0))
 
 
+def _run_entry_point(entry_point: str, args: protocol.WorkerArgs) -> None:
+    """In the child: import "module:function" and run it with `args`."""
+    module, function = entry_point.split(":")
+    getattr(importlib.import_module(module), function)(args)
+
+
 class Child:
     """One child process and the PUSH socket the front end reaches it on."""
 
-    def __init__(self, args: protocol.WorkerArgs, target: Callable[[protocol.WorkerArgs], None]) -> None:
+    def __init__(self, args: protocol.WorkerArgs, entry_point: str) -> None:
         self.args = args
         self.name = args.name
-        self._target = target
+        self._entry_point = entry_point
         self.process: multiprocessing.process.BaseProcess | None = None
         self.socket: zmq.Socket | None = None
         self.ready = False
@@ -87,7 +96,7 @@ class Child:
         """Spawn the process and a fresh socket to it (so nothing queued for a dead
         predecessor reaches the new process)."""
         self.ready = False
-        self.process = _spawn.Process(target=self._target, args=(self.args,), name=self.name)
+        self.process = _spawn.Process(target=_run_entry_point, args=(self._entry_point, self.args), name=self.name)
         self.process.start()
         self.socket = context.socket(zmq.PUSH)
         self.socket.setsockopt(zmq.LINGER, 0)

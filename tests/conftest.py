@@ -420,7 +420,7 @@ def start_server(tmp_path: Path):
 
 @pytest.fixture(scope="session")
 def model_folder() -> Path:
-    from workers.models import packaged_model_folder
+    from infinity.models import packaged_model_folder
 
     return packaged_model_folder()
 

@@ -319,7 +319,7 @@ class _Sender:
 
 
 def test_a_lane_writes_vectors_then_reports_done_or_the_failure():
-    from infinity import protocol
+    from infinity.shared import protocol
     from workers.inference_worker import _run
 
     scheduler, arena, sender = _scheduler(max_size=1), _Arena(), _Sender()

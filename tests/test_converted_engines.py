@@ -8,10 +8,10 @@ import importlib.util
 import pytest
 
 from infinity.config import ModelConfig
+from infinity.models import resolve_model
 from tests.conftest import cosine, decode_embedding
 from tests.tiny_models import assert_reranks_like_cross_encoder, save_tiny_cross_encoder, save_tiny_family_model
 from workers.engines import load_engine
-from workers.models import resolve_model
 
 # engine -> (module it needs, what its log says once per conversion)
 ENGINES = {"onnx": ("onnxruntime", "to ONNX"), "ctranslate2": ("ctranslate2", "to CTranslate2")}

@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from infinity.config import ModelConfig
+from infinity.models import resolve_model
 from tests.tiny_models import FAMILIES, save_tiny_bert, save_tiny_family_model
 from workers.engines import load_engine
-from workers.models import resolve_model
 
 
 def test_packed_bert_equals_the_padded_module_forward(tmp_path):

@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from infinity.config import ModelConfig
+from infinity.models import resolve_model
 from tests.conftest import cosine, decode_embedding
 from workers.engines import load_engine
-from workers.models import resolve_model
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")]
 

@@ -8,8 +8,8 @@ import torch
 from infinity.config import ConfigError, ModelConfig
 from tokenizers import Tokenizer
 
+from infinity.models import resolve_model
 from tests.tiny_models import save_tiny_bert
-from workers.models import resolve_model
 
 
 def test_packaged_default_model_reads_its_sentence_transformers_modules():

@@ -7,9 +7,9 @@ import msgspec
 import numpy as np
 import pytest
 
-from infinity import protocol, shm
 from infinity.errors import APIError
 from infinity.schemas import EmbeddingRequest, decode_body, text_or_token_inputs
+from infinity.shared import protocol, shm
 
 MESSAGES = [
     protocol.Tokenize(1, "m", texts=["a", "b"]),

@@ -14,9 +14,9 @@ import msgspec
 import pytest
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors, trainers
 
-from infinity import protocol
 from infinity.config import ModelConfig
-from workers.models import CHARS_PER_TOKEN_READ, resolve_model
+from infinity.models import CHARS_PER_TOKEN_READ, resolve_model
+from infinity.shared import protocol
 from workers.tokenization import PREFIX_CHARS_PER_TOKEN, ModelTokenizer
 
 WORDS = ("the quick brown fox jumps over a lazy dog embedding server token Zürich café naïve "

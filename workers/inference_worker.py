@@ -21,9 +21,8 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import zmq
 
-from infinity import protocol
-from infinity.shm import Arena
-from workers import devices
+from infinity.shared import devices, protocol
+from infinity.shared.shm import Arena
 from workers.batching import Batch, Scheduler
 from workers.engines import load_engine, set_torch_threads
 from workers.engines.base import Engine, best_seconds

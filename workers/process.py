@@ -13,7 +13,7 @@ import threading
 import zmq
 from tqdm import tqdm
 
-from infinity import protocol
+from infinity.shared import protocol
 
 _PR_SET_PDEATHSIG = 1
 

@@ -14,8 +14,8 @@ from pathlib import Path
 import numpy as np
 from tokenizers import Encoding, Tokenizer
 
-from infinity import protocol
-from workers.models import ModelSpec
+from infinity.shared import protocol
+from infinity.shared.protocol import ModelSpec
 
 log = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import os
 
-from infinity import protocol
+from infinity.shared import protocol
 from workers.process import start_child
 from workers.tokenization import ModelTokenizer, reply
 

@@ -8,8 +8,8 @@ from collections.abc import Iterable
 
 import msgspec
 
+from infinity.shared.protocol import ModelSpec
 from workers.engines.base import Engine
-from workers.models import ModelSpec
 
 log = logging.getLogger(__name__)
 

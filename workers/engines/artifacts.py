@@ -18,7 +18,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from workers.models import cache_dir
+from infinity.shared.folders import cache_dir
 
 
 def cached_build(engine: str, source: Path, settings: dict[str, str],

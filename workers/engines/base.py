@@ -16,7 +16,8 @@ from typing import Protocol
 
 import numpy as np
 
-from workers.models import ModelSpec, num_labels
+from infinity.shared.folders import num_labels
+from infinity.shared.protocol import ModelSpec
 
 
 class Engine(Protocol):

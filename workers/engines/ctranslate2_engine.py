@@ -16,10 +16,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from workers import devices
+from infinity.shared import devices
+from infinity.shared.folders import CTRANSLATE2_FAMILIES
+from infinity.shared.protocol import ModelSpec
 from workers.engines.artifacts import cached_build
 from workers.engines.base import describe, wants_wide_copy, wide_copy_pays
-from workers.models import CTRANSLATE2_FAMILIES, ModelSpec
 from workers.pooling import embedding
 
 log = logging.getLogger(__name__)

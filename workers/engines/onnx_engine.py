@@ -20,10 +20,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from workers import devices
+from infinity.shared import devices
+from infinity.shared.folders import cache_dir
+from infinity.shared.protocol import ModelSpec
 from workers.engines.artifacts import cached_build
 from workers.engines.base import describe, wants_wide_copy, wide_copy_pays
-from workers.models import ModelSpec, cache_dir
 from workers.pooling import embedding
 
 log = logging.getLogger(__name__)

@@ -9,11 +9,11 @@ import inspect
 import numpy as np
 import torch
 
-from workers import devices
+from infinity.shared import devices
+from infinity.shared.protocol import ModelSpec
 from workers.engines import packed_bert
-from workers.engines.packed_bert import PackedBert
 from workers.engines.base import describe
-from workers.models import ModelSpec
+from workers.engines.packed_bert import PackedBert
 from workers.pooling import embedding
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}

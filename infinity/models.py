@@ -1,7 +1,7 @@
 """Model sources and model folders: where a model's files are, and what its folder says
-about tokenisation, pooling and normalisation.
+about its kind, tokenisation, pooling and normalisation.
 
-`resolve_replicas` runs once in the supervisor, before any child starts, so a missing model
+`resolve_replicas` runs once in the front end, before any child starts, so a missing model
 fails the start with a message naming it; children receive the resolved `ModelSpec`s, one
 per device the model is placed on.
 """
@@ -19,18 +19,15 @@ from pathlib import Path
 import msgspec
 
 from infinity.config import DEFAULT_MODEL_SOURCE, ConfigError, ModelConfig
-from infinity.protocol import ModelSpec
-from workers import devices
+from infinity.shared import devices
+from infinity.shared.folders import CTRANSLATE2_FAMILIES, cache_dir, num_labels
+from infinity.shared.protocol import ModelSpec
 
 PACKAGED_MODEL_MODULE = "all_minilm_l6_v2"
 # By default an input is read up to this many characters per token of the model's
 # max_length: natural text needs 3 to 6, so only inputs with long runs that make no tokens
 # (whitespace, characters the normaliser drops, one endless word) reach the limit.
 CHARS_PER_TOKEN_READ = 64
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("INFINITY_CACHE_DIR", Path.home() / ".cache" / "infinity"))
 
 
 def resolve_replicas(model: ModelConfig) -> list[ModelSpec]:
@@ -89,11 +86,6 @@ def _dtype(model: ModelConfig) -> str:
     return "float16" if on_gpus else "float32"
 
 
-# model_type values of the encoder families CTranslate2's converter handles (and whose
-# classification heads its engine knows).
-CTRANSLATE2_FAMILIES = ("bert", "roberta", "xlm-roberta", "camembert")
-
-
 def _engine(model: ModelConfig, kind: str, transformer_dir: Path) -> str:
     """`engine = "auto"`: on CPUs at float32 or int8, CTranslate2 for the families it
     converts, else ONNX Runtime (any encoder torch exports), each only if its extra is
@@ -115,11 +107,6 @@ def _engine(model: ModelConfig, kind: str, transformer_dir: Path) -> str:
     if importlib.util.find_spec("onnxruntime") is not None and importlib.util.find_spec("onnxscript") is not None:
         return "onnx"
     return "torch"
-
-
-def num_labels(config: dict) -> int:
-    """Labels of a transformers classification config (`id2label`, else `num_labels`)."""
-    return len(config.get("id2label") or {}) or int(config.get("num_labels", 2))
 
 
 def _model_folder(model: ModelConfig) -> Path:

@@ -3,7 +3,7 @@
 The front end talks to each child over one ZeroMQ PUSH socket and hears from all of them
 on one PULL socket. Bodies are msgpack-encoded msgspec Structs, tagged so one decoder
 reads any of them. Result vectors never travel here: the inference process writes them
-into shared-memory slots the front end chose (see `infinity.shm`), and `Done` only says
+into shared-memory slots the front end chose (see `infinity.shared.shm`), and `Done` only says
 they are there.
 
 Flow of one request:
@@ -26,7 +26,7 @@ class ModelSpec(msgspec.Struct, frozen=True):
     name: str
     kind: str  # "embed", "rerank" or "classify"
     path: str  # folder with config.json, weights and the tokenizer
-    device: str  # normalised: "cpu", "cpu:1", "cuda:0", "rocm:0", "mps" (workers/devices.py)
+    device: str  # normalised: "cpu", "cpu:1", "cuda:0", "rocm:0", "mps" (infinity/shared/devices.py)
     engine: str
     # The engine to load if `engine` fails, when `engine` was chosen by "auto".
     fallback_engine: str | None

@@ -1,0 +1,23 @@
+"""What both sides read of a model: where the server caches files (models extracted or
+downloaded, converted engines), the label count of a classification config, and the
+families CTranslate2 converts (the front end's `engine = "auto"` picks it for them, its
+engine refuses others)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("INFINITY_CACHE_DIR", Path.home() / ".cache" / "infinity"))
+
+
+def num_labels(config: dict) -> int:
+    """Labels of a transformers classification config (`id2label`, else `num_labels`)."""
+    return len(config.get("id2label") or {}) or int(config.get("num_labels", 2))
+
+
+# model_type values of the encoder families CTranslate2's converter handles (and whose
+# classification heads its engine knows).
+CTRANSLATE2_FAMILIES = ("bert", "roberta", "xlm-roberta", "camembert")
