@@ -1,4 +1,5 @@
-"""The one error shape every response uses: OpenAI's `{"error": {...}}`."""
+"""The one error shape every response uses: OpenAI's `{"error": {...}}`, and the one
+place where a kind of error reported by a child becomes an HTTP status."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ from http import HTTPStatus
 
 import msgspec
 from aiohttp import web
+
+from infinity.shared.protocol import ErrorKind
 
 _REASON_TYPES = {
     400: "invalid_request_error",
@@ -32,6 +35,18 @@ class APIError(Exception):
         self.param = param
         self.code = code
         self.headers = headers or {}
+
+
+# The status a client gets for each kind of failure a child reports.
+KIND_STATUS = {
+    ErrorKind.INVALID_INPUT: 422,
+    ErrorKind.INTERNAL: 500,
+}
+
+
+def from_kind(kind: ErrorKind, message: str, param: str | None = None) -> APIError:
+    """The client's answer to a child's report of `kind`."""
+    return APIError(KIND_STATUS[kind], message, param=param)
 
 
 class ErrorDetail(msgspec.Struct):

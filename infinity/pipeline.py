@@ -23,7 +23,7 @@ import numpy as np
 import zmq
 
 from infinity.config import ServerConfig
-from infinity.errors import APIError
+from infinity.errors import APIError, from_kind
 from infinity.schemas import ModelInputs
 from infinity.shared import devices, protocol, shm
 from infinity.shared.protocol import ModelSpec
@@ -360,7 +360,7 @@ class Pipeline:
             return
         if pending.holder in self.tokenizers:
             self._outstanding[pending.holder.name] -= 1
-        self._finish(pending, APIError(message.status, message.message, param=message.param))
+        self._finish(pending, from_kind(message.kind, message.message, message.param))
 
     def _finish(self, pending: _Pending, error: APIError | None) -> None:
         """End a request with an error (None: its client is gone); no process holds it,

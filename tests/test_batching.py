@@ -328,7 +328,7 @@ def test_a_lane_writes_vectors_then_reports_done_or_the_failure():
     for _ in range(2):  # 7 is written, then the batch of 13 fails and with it request 1
         _run(scheduler.next_batch(), _Engine(), arena, scheduler, sender)
     _run(scheduler.next_batch(), _Engine(), arena, scheduler, sender)
-    assert sender.sent == [protocol.Failed(1, 500, "inference failed: bad batch"), protocol.Done(2)]
+    assert sender.sent == [protocol.Failed(1, protocol.ErrorKind.INTERNAL, "inference failed: bad batch"), protocol.Done(2)]
     assert arena.rows[10, 0] == 14 and arena.rows[12, 0] == 10
 
 

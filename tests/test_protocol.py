@@ -20,7 +20,7 @@ MESSAGES = [
     protocol.Infer(4, "m", b"\x01\x00\x00\x00", [1], [7]),
     protocol.Cancel(5),
     protocol.Done(6, cancelled=True),
-    protocol.Failed(7, 422, "too long", param="input"),
+    protocol.Failed(7, protocol.ErrorKind.INVALID_INPUT, "too long", param="input"),
     protocol.Ready("inference-cpu", 123, [protocol.ModelInfo("m", "embed", 384, 256, [], "none", "arena", 10, "torch")]),
     protocol.StartupFailed("tokenizer-0", "boom"),
 ]
@@ -162,3 +162,11 @@ def test_a_cut_string_is_a_prefix_wherever_the_cut_falls():
             cuts += 1
             assert text.startswith(msgspec.json.decode(cut)) and len(cut) <= limit + 1
     assert cuts == 2000  # every cut decodes (none falls back to keeping the whole text)
+
+
+def test_every_kind_of_child_error_has_a_client_status():
+    from infinity.errors import KIND_STATUS, from_kind
+
+    assert set(KIND_STATUS) == set(protocol.ErrorKind)
+    assert from_kind(protocol.ErrorKind.INVALID_INPUT, "too long", "input").status == 422
+    assert from_kind(protocol.ErrorKind.INTERNAL, "boom").status == 500

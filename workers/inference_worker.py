@@ -144,7 +144,7 @@ def _run(batch: Batch, engine: Engine, arena: Arena, scheduler: Scheduler, sende
         finished = scheduler.finish(batch)
     for request in finished:
         if request.error is not None:
-            sender.send(protocol.Failed(request.request_id, 500, request.error))
+            sender.send(protocol.Failed(request.request_id, protocol.ErrorKind.INTERNAL, request.error))
         else:
             sender.send(protocol.Done(request.request_id, request.cancelled))
 

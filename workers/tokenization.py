@@ -25,19 +25,19 @@ PREFIX_CHARS_PER_TOKEN = 6
 
 
 class InputError(ValueError):
-    """A client input the model cannot take; answered with 422."""
+    """A client input the model cannot take."""
 
 
 def reply(tokenizer: "ModelTokenizer", request: protocol.Tokenize) -> protocol.Tokenized | protocol.Failed:
-    """The answer to `request`: its tokens, a 422 for an input the model cannot take, or a
-    500 if the tokenizer itself fails (which must not take its process down)."""
+    """The answer to `request`: its tokens, an invalid input, or an internal failure if
+    the tokenizer itself fails (which must not take its process down)."""
     try:
         return tokenizer.tokenize(request)
     except InputError as exc:
-        return protocol.Failed(request.request_id, 422, str(exc), param="input")
+        return protocol.Failed(request.request_id, protocol.ErrorKind.INVALID_INPUT, str(exc), param="input")
     except Exception as exc:
         log.exception("tokenizing request %d failed", request.request_id)
-        return protocol.Failed(request.request_id, 500, f"tokenization failed: {exc}")
+        return protocol.Failed(request.request_id, protocol.ErrorKind.INTERNAL, f"tokenization failed: {exc}")
 
 
 def load_tokenizer(spec: ModelSpec) -> Tokenizer:

@@ -1,4 +1,4 @@
-"""Tokenizer process: turns `Tokenize` messages into `Tokenized` (or a 422 `Failed`)."""
+"""Tokenizer process: turns `Tokenize` messages into `Tokenized` (or `Failed`, with the kind of error)."""
 
 from __future__ import annotations
 

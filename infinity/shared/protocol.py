@@ -16,6 +16,8 @@ started with `WorkerArgs`, which carries the `ModelSpec` of each model it serves
 
 from __future__ import annotations
 
+import enum
+
 import msgspec
 
 
@@ -120,11 +122,20 @@ class Done(msgspec.Struct, tag=True, array_like=True):
     cancelled: bool = False
 
 
+class ErrorKind(enum.StrEnum):
+    """What went wrong in a child, as the front end learns it (it alone decides what a
+    client is answered, in `infinity.errors`)."""
+
+    INVALID_INPUT = "invalid_input"  # a client's input the model cannot take
+    INTERNAL = "internal"  # the child failed on a valid input
+
+
 class Failed(msgspec.Struct, tag=True, array_like=True):
-    """A request could not be served; `status` is the HTTP status the client gets."""
+    """A request could not be served, for a reason of `kind`; `param`: the request field
+    at fault, if one is."""
 
     request_id: int
-    status: int
+    kind: ErrorKind
     message: str
     param: str | None = None
 
