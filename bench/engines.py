@@ -30,7 +30,8 @@ from bench.corpus import sentences
 from bench.replay import pad_batch
 from infinity.config import ModelConfig
 from infinity.models import resolve_model
-from workers.engines import load_engine, set_torch_threads
+from workers.engines import set_torch_threads
+from workers.heads import load_model
 
 DEFAULT_ENGINES = ("torch:float32", "onnx:float32", "ctranslate2:float32", "onnx:int8", "ctranslate2:int8")
 
@@ -71,7 +72,8 @@ def measure(choice: str, texts: int, threads: int) -> dict[str, str | float | No
     no such pass)."""
     name, dtype = choice.split(":")
     spec = resolve_model(ModelConfig(name="default", engine=name, dtype=dtype))
-    engine = load_engine(spec, threads)
+    model = load_model(spec, threads)
+    engine = model.engine
     set_torch_threads([engine], threads)
     tokenizer = Tokenizer.from_file(f"{spec.path}/tokenizer.json")
     tokenizer.no_padding()
@@ -83,19 +85,19 @@ def measure(choice: str, texts: int, threads: int) -> dict[str, str | float | No
         per_lane = [pad_batch(group) for group in groups]
         shared = [pad_batch(group[i::engine.lanes]) for group in groups for i in range(engine.lanes)]
         for batch in per_lane[::8]:  # warm-up over the range of lengths
-            engine.forward(*batch)
+            model.forward(*batch)
         if engine.lanes == 1 or engine.widens:
             start = time.perf_counter()
             for batch in per_lane:
-                engine.forward(*batch, wide=engine.widens)
+                model.forward(*batch, wide=engine.widens)
             figures["all_threads_per_s"] = len(corpus) / (time.perf_counter() - start)
         for key, batches in (("per_lane_per_s", per_lane), ("shared_per_s", shared)):
             start = time.perf_counter()
-            list(lanes.map(lambda batch: engine.forward(*batch), batches))
+            list(lanes.map(lambda batch: model.forward(*batch), batches))
             figures[key] = len(corpus) / (time.perf_counter() - start)
     one = pad_batch([corpus[len(corpus) // 4]])
     for key, wide in (("one_p50_ms", False), ("wide_p50_ms", True)):
-        figures[key] = _median_seconds(lambda: engine.forward(*one, wide=wide)) * 1e3 if wide <= engine.widens else None
+        figures[key] = _median_seconds(lambda: model.forward(*one, wide=wide)) * 1e3 if wide <= engine.widens else None
     return figures
 
 

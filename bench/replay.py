@@ -17,7 +17,7 @@ from bench.corpus import sentences
 from infinity.config import ModelConfig
 from infinity.models import resolve_model
 from workers.batching import split_by_cost
-from workers.engines import load_engine
+from workers.heads import load_model
 
 
 def pad_batch(group: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -38,7 +38,8 @@ def main() -> None:
     args = parser.parse_args()
 
     spec = resolve_model(ModelConfig(name="default", engine="torch"))
-    engine = load_engine(spec, args.threads)
+    model = load_model(spec, args.threads)
+    engine = model.engine
     tokenizer = Tokenizer.from_file(f"{spec.path}/tokenizer.json")
     tokenizer.no_padding()
     tokenizer.enable_truncation(spec.max_length)
@@ -52,7 +53,7 @@ def main() -> None:
         "cost-model passes, padded": (args.overhead, False),
         "cost-model passes, padding-free": (args.overhead, True),
     }
-    engine.forward(*pad_batch(groups[0]))  # warm-up
+    model.forward(*pad_batch(groups[0]))  # warm-up
     print("| how a group runs | sentences/s |\n|---|---:|")
     for name, (overhead, padding_free) in strategies.items():
         engine._packed = packed if padding_free else None
@@ -60,7 +61,7 @@ def main() -> None:
         for group in groups:
             passes = [(0, len(group) - 1)] if overhead is None else split_by_cost([len(x) for x in group], overhead)
             for first, last in passes:
-                engine.forward(*pad_batch(group[first:last + 1]))
+                model.forward(*pad_batch(group[first:last + 1]))
         print(f"| {name} | {args.groups * args.size / (time.perf_counter() - start):.1f} |")
 
 

@@ -6,6 +6,7 @@ import time
 
 import numpy as np
 import pytest
+import torch
 
 from workers.batching import Scheduler, split_by_cost
 
@@ -302,7 +303,20 @@ class _Engine:
     def forward(self, input_ids, attention_mask, token_type_ids, wide=False):
         if (input_ids == 13).any():
             raise RuntimeError("bad batch")
-        return input_ids[:, :1].astype(np.float32) * 2
+        return torch.from_numpy(input_ids[:, :1].astype(np.float32) * 2)
+
+
+class _RawHead:
+    """Returns the engine's output as it is."""
+
+    def __call__(self, raw, attention_mask):
+        return raw.numpy()
+
+
+def _model(engine):
+    from workers.heads import LoadedModel
+
+    return LoadedModel(engine, _RawHead())
 
 
 class _Arena:
@@ -326,8 +340,8 @@ def test_a_lane_writes_vectors_then_reports_done_or_the_failure():
     scheduler.submit(1, "m", np.array([7, 13], dtype=np.int32), [1, 1], [10, 11])
     scheduler.submit(2, "m", np.array([5], dtype=np.int32), [1], [12])
     for _ in range(2):  # 7 is written, then the batch of 13 fails and with it request 1
-        _run(scheduler.next_batch(), _Engine(), arena, scheduler, sender)
-    _run(scheduler.next_batch(), _Engine(), arena, scheduler, sender)
+        _run(scheduler.next_batch(), _model(_Engine()), arena, scheduler, sender)
+    _run(scheduler.next_batch(), _model(_Engine()), arena, scheduler, sender)
     assert sender.sent == [protocol.Failed(1, protocol.ErrorKind.INTERNAL, "inference failed: bad batch"), protocol.Done(2)]
     assert arena.rows[10, 0] == 14 and arena.rows[12, 0] == 10
 
@@ -341,13 +355,13 @@ class _CostedEngine:
     def forward(self, input_ids, attention_mask, token_type_ids, wide=False):
         tokens = int(attention_mask.sum())
         time.sleep(2e-3 + 20e-6 * tokens + 5e-6 * (attention_mask.size - tokens))
-        return np.zeros((len(input_ids), 1), dtype=np.float32)
+        return torch.zeros((len(input_ids), 1))
 
 
 def test_warm_up_fits_the_pass_overhead_and_the_cost_of_padding():
     from workers.inference_worker import _warm_up
 
-    overhead, weight = _warm_up(_CostedEngine(), max_length=256)
+    overhead, weight = _warm_up(_model(_CostedEngine()), max_length=256)
     assert overhead == pytest.approx(100, abs=25)  # 2 ms / 20 us
     assert weight == pytest.approx(0.25, abs=0.1)
 
@@ -360,11 +374,11 @@ class _MidSizePaddingEngine(_CostedEngine):
         tokens = int(attention_mask.sum())
         padding_weight = 0.1 if len(input_ids) <= 8 else 0.5
         time.sleep(2e-3 + 20e-6 * (tokens + padding_weight * (attention_mask.size - tokens)))
-        return np.zeros((len(input_ids), 1), dtype=np.float32)
+        return torch.zeros((len(input_ids), 1))
 
 
 def test_warm_up_prices_padding_as_a_mid_size_batch_pays_it():
     from workers.inference_worker import _warm_up
 
-    _, weight = _warm_up(_MidSizePaddingEngine(), max_length=256)
+    _, weight = _warm_up(_model(_MidSizePaddingEngine()), max_length=256)
     assert weight == pytest.approx(0.5, abs=0.1)

@@ -11,7 +11,7 @@ from infinity.config import ModelConfig
 from infinity.models import resolve_model
 from tests.conftest import cosine, decode_embedding
 from tests.tiny_models import assert_reranks_like_cross_encoder, save_tiny_cross_encoder, save_tiny_family_model
-from workers.engines import load_engine
+from workers.heads import load_model
 
 # engine -> (module it needs, what its log says once per conversion)
 ENGINES = {"onnx": ("onnxruntime", "to ONNX"), "ctranslate2": ("ctranslate2", "to CTranslate2")}
@@ -77,11 +77,11 @@ def test_engines_refuse_dtypes_they_cannot_run(engine, dtype, message):
     if engine in ENGINES:
         _require(engine)
     with pytest.raises(ValueError, match=message):
-        load_engine(resolve_model(ModelConfig(name="e", engine=engine, dtype=dtype)), 1)
+        load_model(resolve_model(ModelConfig(name="e", engine=engine, dtype=dtype)), 1)
 
 
 def test_ctranslate2_refuses_families_it_cannot_convert(tmp_path):
     _require("ctranslate2")
     mpnet = save_tiny_family_model(tmp_path / "mpnet", "mpnet")
     with pytest.raises(ValueError, match="is mpnet"):
-        load_engine(resolve_model(ModelConfig(name="m", source=str(mpnet), engine="ctranslate2")), 1)
+        load_model(resolve_model(ModelConfig(name="m", source=str(mpnet), engine="ctranslate2")), 1)

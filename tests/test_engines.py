@@ -14,13 +14,13 @@ import torch
 from infinity.config import ModelConfig
 from infinity.models import resolve_model
 from tests.tiny_models import FAMILIES, save_tiny_bert, save_tiny_family_model
-from workers.engines import load_engine
+from workers.heads import load_model
 
 
 def test_packed_bert_equals_the_padded_module_forward(tmp_path):
     folder = save_tiny_bert(tmp_path / "tiny")
-    engine = load_engine(resolve_model(ModelConfig(name="tiny", source=str(folder), pooling="mean", engine="torch")),
-                         threads=1)
+    engine = load_model(resolve_model(ModelConfig(name="tiny", source=str(folder), pooling="mean", engine="torch")),
+                        threads=1).engine
     assert engine._packed is not None  # BertModel takes the padding-free path
     vocab_size = json.loads((folder / "config.json").read_text())["vocab_size"]
     rng = np.random.default_rng(0)
@@ -65,13 +65,14 @@ def test_every_engine_family_and_kind_matches_the_torch_engine(tmp_path, monkeyp
     assert specs[engine].kind == ("embed", "rerank", "classify")[[0, 1, 3].index(labels)]
     if (engine, family) in _UNSUPPORTED:
         with pytest.raises(ValueError, match=f"is {family}"):
-            load_engine(specs[engine], 1)
+            load_model(specs[engine], 1)
         return
     # On the CPU a lane per thread, and a wide copy, kept here even if it is not faster.
     monkeypatch.setattr(f"workers.engines.{engine}_engine.wide_copy_pays", lambda *args: True)
-    reference, tested = load_engine(specs["torch"], 1), load_engine(specs[engine], 2)
-    assert (tested.dim, tested.labels, tested.activation) == (reference.dim, reference.labels, reference.activation)
-    assert (tested.lanes, tested.widens) == (2, True)
+    reference, tested = load_model(specs["torch"], 1), load_model(specs[engine], 2)
+    assert (tested.head.dim, tested.head.labels, tested.head.activation) == \
+        (reference.head.dim, reference.head.labels, reference.head.activation)
+    assert (tested.engine.lanes, tested.engine.widens) == (2, True)
     expected = reference.forward(ids, mask, types)
     np.testing.assert_allclose(tested.forward(ids, mask, types), expected, atol=2e-5)
     np.testing.assert_allclose(tested.forward(ids, mask, types, wide=True), expected, atol=2e-5)
@@ -91,8 +92,8 @@ def _reference_varlen(q, k, v, bounds_q, bounds_k, longest_q, longest_k):
 
 def test_packed_bert_varlen_attention_path(tmp_path):
     folder = save_tiny_bert(tmp_path / "tiny")
-    engine = load_engine(resolve_model(ModelConfig(name="tiny", source=str(folder), engine="torch")), threads=1)
-    assert engine._packed.varlen is None  # flash-attn only on CUDA in half precision
+    model = load_model(resolve_model(ModelConfig(name="tiny", source=str(folder), engine="torch")), threads=1)
+    assert model.engine._packed.varlen is None  # flash-attn only on CUDA in half precision
     rng = np.random.default_rng(1)
     lengths = [5, 31, 1, 12]
     ids = np.zeros((len(lengths), max(lengths)), dtype=np.int64)
@@ -100,9 +101,9 @@ def test_packed_bert_varlen_attention_path(tmp_path):
     for row, length in enumerate(lengths):
         ids[row, :length] = rng.integers(5, 100, length)
         mask[row, :length] = 1
-    padded = engine.forward(ids, mask, np.zeros_like(ids))
-    engine._packed.varlen = _reference_varlen
-    np.testing.assert_allclose(engine.forward(ids, mask, np.zeros_like(ids)), padded, atol=1e-5)
+    padded = model.forward(ids, mask, np.zeros_like(ids))
+    model.engine._packed.varlen = _reference_varlen
+    np.testing.assert_allclose(model.forward(ids, mask, np.zeros_like(ids)), padded, atol=1e-5)
 
 
 def test_compiled_torch_engine_matches_eager(tmp_path):
@@ -117,13 +118,13 @@ def test_compiled_torch_engine_matches_eager(tmp_path):
         spec = resolve_model(ModelConfig(name="tiny", source=str(folder), engine="auto" if compiled else "torch",
                                          compile=compiled))
         assert spec.engine == "torch"
-        outputs.append(load_engine(spec, threads=1).forward(ids, mask, np.zeros_like(ids)))
+        outputs.append(load_model(spec, threads=1).forward(ids, mask, np.zeros_like(ids)))
     np.testing.assert_allclose(outputs[1], outputs[0], atol=1e-5)
 
 
 def test_compile_is_refused_by_other_engines():
     with pytest.raises(ValueError, match="compile = true applies to the torch engine"):
-        load_engine(resolve_model(ModelConfig(name="e", engine="onnx", compile=True)), 1)
+        load_model(resolve_model(ModelConfig(name="e", engine="onnx", compile=True)), 1)
 
 
 def test_wide_copy_only_for_small_models_with_several_lanes(tmp_path):
@@ -148,7 +149,7 @@ class _TimedEngine:
 
     def forward(self, input_ids, attention_mask, token_type_ids, wide=False):
         time.sleep(self.seconds[wide])
-        return np.zeros((len(input_ids), 1), dtype=np.float32)
+        return torch.zeros((len(input_ids), 1))
 
 
 @pytest.mark.parametrize("narrow, wide, kept", [(0.01, 0.002, True), (0.002, 0.01, False), (0.005, 0.005, False)])
@@ -193,3 +194,14 @@ def test_torch_gets_one_thread_only_where_every_engine_runs_lanes(lanes, expecte
         assert torch.get_num_threads() == expected
     finally:
         torch.set_num_threads(before)
+
+
+def test_no_engine_reads_the_model_kind():
+    """What a kind makes of the raw output is its head's (workers/heads); engines only
+    learn which raw output to give."""
+    import ast
+    from pathlib import Path
+
+    for path in (Path(__file__).resolve().parents[1] / "workers" / "engines").glob("*.py"):
+        attributes = {node.attr for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.Attribute)}
+        assert "kind" not in attributes, path.name

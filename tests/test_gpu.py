@@ -14,7 +14,7 @@ import torch
 from infinity.config import ModelConfig
 from infinity.models import resolve_model
 from tests.conftest import cosine, decode_embedding
-from workers.engines import load_engine
+from workers.heads import load_model
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")]
 
@@ -22,10 +22,10 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 MIN_COSINE = {"float32": 0.9999, "float16": 0.999, "bfloat16": 0.995, "int8_float16": 0.98}
 
 
-def _engine_vectors(engine, texts: list[str], tokenizer) -> np.ndarray:
+def _model_vectors(model, texts: list[str], tokenizer) -> np.ndarray:
     encoded = tokenizer(texts, padding=True, truncation=True, max_length=256, return_tensors="np")
     ids = encoded["input_ids"].astype(np.int64)
-    return engine.forward(ids, encoded["attention_mask"].astype(np.int64), np.zeros_like(ids))
+    return model.forward(ids, encoded["attention_mask"].astype(np.int64), np.zeros_like(ids))
 
 
 def _assert_matches(vectors: np.ndarray, reference: np.ndarray, dtype: str) -> None:
@@ -44,15 +44,15 @@ def tokenizer(model_folder):
                                                  ("float16", True)])
 def test_torch_engine_on_cuda(sentences, reference_vectors, tokenizer, dtype, compiled):
     spec = resolve_model(ModelConfig(name="m", device="cuda", engine="torch", dtype=dtype, compile=compiled))
-    engine = load_engine(spec, 1)
-    _assert_matches(_engine_vectors(engine, sentences[:64], tokenizer), reference_vectors[:64], dtype)
+    model = load_model(spec, 1)
+    _assert_matches(_model_vectors(model, sentences[:64], tokenizer), reference_vectors[:64], dtype)
 
 
 @pytest.mark.skipif(importlib.util.find_spec("flash_attn") is None, reason="flash-attn is not installed")
 def test_flash_attn_varlen_path(sentences, reference_vectors, tokenizer):
-    engine = load_engine(resolve_model(ModelConfig(name="m", device="cuda", engine="torch", dtype="float16")), 1)
-    assert engine._packed is not None and engine._packed.varlen is not None
-    _assert_matches(_engine_vectors(engine, sentences[:64], tokenizer), reference_vectors[:64], "float16")
+    model = load_model(resolve_model(ModelConfig(name="m", device="cuda", engine="torch", dtype="float16")), 1)
+    assert model.engine._packed is not None and model.engine._packed.varlen is not None
+    _assert_matches(_model_vectors(model, sentences[:64], tokenizer), reference_vectors[:64], "float16")
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16", "int8_float16"])
@@ -61,8 +61,8 @@ def test_ctranslate2_on_cuda(sentences, reference_vectors, tokenizer, tmp_path, 
     if ctranslate2.get_cuda_device_count() == 0:
         pytest.skip("this ctranslate2 build sees no CUDA device")
     monkeypatch.setenv("INFINITY_CACHE_DIR", str(tmp_path))
-    engine = load_engine(resolve_model(ModelConfig(name="m", device="cuda", engine="ctranslate2", dtype=dtype)), 1)
-    _assert_matches(_engine_vectors(engine, sentences[:64], tokenizer), reference_vectors[:64], dtype)
+    model = load_model(resolve_model(ModelConfig(name="m", device="cuda", engine="ctranslate2", dtype=dtype)), 1)
+    _assert_matches(_model_vectors(model, sentences[:64], tokenizer), reference_vectors[:64], dtype)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
@@ -71,8 +71,8 @@ def test_onnx_on_cuda(sentences, reference_vectors, tokenizer, tmp_path, monkeyp
     if "CUDAExecutionProvider" not in onnxruntime.get_available_providers():
         pytest.skip("this onnxruntime has no CUDA execution provider")
     monkeypatch.setenv("INFINITY_CACHE_DIR", str(tmp_path))
-    engine = load_engine(resolve_model(ModelConfig(name="m", device="cuda", engine="onnx", dtype=dtype)), 1)
-    _assert_matches(_engine_vectors(engine, sentences[:64], tokenizer), reference_vectors[:64], dtype)
+    model = load_model(resolve_model(ModelConfig(name="m", device="cuda", engine="onnx", dtype=dtype)), 1)
+    _assert_matches(_model_vectors(model, sentences[:64], tokenizer), reference_vectors[:64], dtype)
 
 
 def test_server_on_cuda_float16(start_server, sentences, reference_vectors):

@@ -111,17 +111,17 @@ def test_auto_engine_rule(tmp_path):
 def test_auto_engine_falls_back_to_torch_when_its_choice_cannot_load(tmp_path):
     import msgspec
 
-    from workers.engines import load_engine
     from workers.engines.torch_engine import TorchEngine
+    from workers.heads import load_model
 
     from tests.tiny_models import save_tiny_family_model
 
     folder = save_tiny_family_model(tmp_path / "mpnet", "mpnet")
     spec = resolve_model(ModelConfig(name="mpnet", source=str(folder), engine="torch"))
     forced = msgspec.structs.replace(spec, engine="ctranslate2", fallback_engine="torch")  # it has no MPNet converter
-    assert isinstance(load_engine(forced, 1), TorchEngine)
+    assert isinstance(load_model(forced, 1).engine, TorchEngine)
     with pytest.raises(Exception):
-        load_engine(msgspec.structs.replace(forced, fallback_engine=None), 1)
+        load_model(msgspec.structs.replace(forced, fallback_engine=None), 1)
 
 
 def test_characters_read_per_input_follow_max_length_unless_set(tmp_path):

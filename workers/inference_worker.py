@@ -24,8 +24,9 @@ import zmq
 from infinity.shared import devices, protocol
 from infinity.shared.shm import Arena
 from workers.batching import Batch, Scheduler
-from workers.engines import load_engine, set_torch_threads
-from workers.engines.base import Engine, best_seconds
+from workers.engines import set_torch_threads
+from workers.engines.base import best_seconds
+from workers.heads import LoadedModel, load_model
 from workers.process import start_child
 
 log = logging.getLogger(__name__)
@@ -36,11 +37,11 @@ def main(args: protocol.WorkerArgs) -> None:
     try:
         try:
             devices.require(args.models[0].device, [spec.name for spec in args.models])
-            engines = {spec.name: load_engine(spec, args.threads) for spec in args.models}
-            set_torch_threads(engines.values(), args.threads)
-            costs = {spec.name: _warm_up(engines[spec.name], spec.max_length) for spec in args.models}
+            models = {spec.name: load_model(spec, args.threads) for spec in args.models}
+            set_torch_threads([model.engine for model in models.values()], args.threads)
+            costs = {spec.name: _warm_up(models[spec.name], spec.max_length) for spec in args.models}
             arenas = {spec.name: Arena(_arena_name(args, spec.name), args.arena_slots,
-                                       engines[spec.name].dim, create=True) for spec in args.models}
+                                       models[spec.name].head.dim, create=True) for spec in args.models}
         except devices.DeviceUnavailable as exc:  # a configuration error: no traceback
             to_front.send(protocol.encode(protocol.StartupFailed(args.name, str(exc))))
             return
@@ -50,20 +51,21 @@ def main(args: protocol.WorkerArgs) -> None:
             return
         scheduler = Scheduler()
         for spec in args.models:
-            scheduler.add_model(spec.name, spec.max_batch_tokens, spec.max_batch_size, engines[spec.name].pad_id,
-                                *costs[spec.name], engines[spec.name].lanes, engines[spec.name].widens)
+            engine = models[spec.name].engine
+            scheduler.add_model(spec.name, spec.max_batch_tokens, spec.max_batch_size, engine.pad_id,
+                                *costs[spec.name], engine.lanes, engine.widens)
         threading.Thread(target=_guarded, args=(_receive, context, args, inbox, scheduler), daemon=True,
                          name="receiver").start()
         sender = _Sender(to_front)
         for lane in range(1, scheduler.lanes):
-            threading.Thread(target=_guarded, args=(_serve, engines, arenas, scheduler, sender), daemon=True,
+            threading.Thread(target=_guarded, args=(_serve, models, arenas, scheduler, sender), daemon=True,
                              name=f"lane-{lane}").start()
-        infos = [protocol.ModelInfo(spec.name, spec.kind, engines[spec.name].dim, spec.max_length,
-                                    engines[spec.name].labels, engines[spec.name].activation,
-                                    arenas[spec.name].name, args.arena_slots, engines[spec.name].name)
+        infos = [protocol.ModelInfo(spec.name, spec.kind, models[spec.name].head.dim, spec.max_length,
+                                    models[spec.name].head.labels, models[spec.name].head.activation,
+                                    arenas[spec.name].name, args.arena_slots, models[spec.name].engine.name)
                  for spec in args.models]
         sender.send(protocol.Ready(args.name, os.getpid(), infos))
-        _serve(engines, arenas, scheduler, sender)  # until SIGTERM
+        _serve(models, arenas, scheduler, sender)  # until SIGTERM
     finally:
         context.destroy(linger=0)
 
@@ -75,7 +77,7 @@ def _arena_name(args: protocol.WorkerArgs, model: str) -> str:
 MIXED_SHORT = 15  # short inputs next to the long one in the warm-up's mixed batch
 
 
-def _warm_up(engine: Engine, max_length: int) -> tuple[float, float]:
+def _warm_up(model: LoadedModel, max_length: int) -> tuple[float, float]:
     """Run the shapes the first requests will have, so they pay no one-time costs, and
     return the batching cost model: the fixed cost of a forward pass in tokens' worth of
     compute, and what a padding token costs against a token. Timing one short input, four
@@ -85,12 +87,14 @@ def _warm_up(engine: Engine, max_length: int) -> tuple[float, float]:
     0.1) but not in 12 to 17 (0.55), and the scheduler must not merge long and short
     inputs where that is dear (bench/RESULTS.md, "The engine's ceiling as the engines
     issue measures it")."""
+    engine = model.engine
+
     def forward(lengths: list[int], wide: bool = False) -> Callable[[], object]:
         ids = np.full((len(lengths), max(lengths)), engine.pad_id, dtype=np.int64)
         mask = (np.arange(ids.shape[1]) < np.array(lengths)[:, None]).astype(np.int64)
         ids[mask == 1] = engine.pad_id + 1
         types = np.zeros_like(ids)
-        return lambda: engine.forward(ids, mask, types, wide=wide)
+        return lambda: model.forward(ids, mask, types, wide=wide)
 
     # Every lane once, at the same time: a backend may hold one replica per lane.
     with ThreadPoolExecutor(engine.lanes) as lanes:
@@ -125,17 +129,18 @@ class _Sender:
             self._socket.send(data)
 
 
-def _serve(engines: dict[str, Engine], arenas: dict[str, Arena], scheduler: Scheduler, sender: _Sender) -> None:
+def _serve(models: dict[str, LoadedModel], arenas: dict[str, Arena], scheduler: Scheduler,
+           sender: _Sender) -> None:
     """One lane: run batches as they are cut, forever."""
     while True:
         batch = scheduler.next_batch()
-        _run(batch, engines[batch.model], arenas[batch.model], scheduler, sender)
+        _run(batch, models[batch.model], arenas[batch.model], scheduler, sender)
 
 
-def _run(batch: Batch, engine: Engine, arena: Arena, scheduler: Scheduler, sender: _Sender) -> None:
+def _run(batch: Batch, model: LoadedModel, arena: Arena, scheduler: Scheduler, sender: _Sender) -> None:
     log.debug("batch of %d inputs, %d x %d tokens", len(batch.items), *batch.input_ids.shape)
     try:
-        vectors = engine.forward(batch.input_ids, batch.attention_mask, batch.token_type_ids, wide=batch.wide)
+        vectors = model.forward(batch.input_ids, batch.attention_mask, batch.token_type_ids, wide=batch.wide)
     except Exception as exc:
         log.exception("forward pass failed for a batch of %d", len(batch.items))
         finished = scheduler.finish(batch, error=f"inference failed: {exc}")

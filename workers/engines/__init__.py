@@ -9,7 +9,7 @@ from collections.abc import Iterable
 import msgspec
 
 from infinity.shared.protocol import ModelSpec
-from workers.engines.base import Engine
+from workers.engines.base import Engine, RawOutput
 
 log = logging.getLogger(__name__)
 
@@ -21,19 +21,20 @@ ENGINES = {
 }
 
 
-def load_engine(spec: ModelSpec, threads: int) -> Engine:
-    """The spec's engine; if it fails and "auto" chose it, the fallback engine."""
+def load_engine(spec: ModelSpec, threads: int, output: RawOutput) -> Engine:
+    """The spec's engine, giving `output`; if it fails and "auto" chose it, the fallback
+    engine."""
     if spec.compile and spec.engine != "torch":
         raise ValueError(f"compile = true applies to the torch engine; '{spec.name}' runs on {spec.engine}")
     try:
-        return _engine_class(spec.engine)(spec, threads)
+        return _engine_class(spec.engine)(spec, threads, output)
     except Exception:
         if spec.fallback_engine is None:
             raise
         log.warning("engine %s cannot load %s; using %s", spec.engine, spec.name, spec.fallback_engine,
                     exc_info=True)
         return _engine_class(spec.fallback_engine)(msgspec.structs.replace(spec, engine=spec.fallback_engine,
-                                                                           fallback_engine=None), threads)
+                                                                           fallback_engine=None), threads, output)
 
 
 def _engine_class(name: str) -> type:
@@ -43,9 +44,9 @@ def _engine_class(name: str) -> type:
 
 def set_torch_threads(engines: Iterable[Engine], threads: int) -> None:
     """Size torch's process-wide thread pool for the engines of one process. Engines that
-    run lanes use torch only for pooling or a head, where a second OpenMP thread spins and
-    takes CPU from the lanes (measured: 246 against 215 sentences/s for single texts at
-    concurrency 16 on 2 cores); engines running one pass at a time get every thread."""
-    import torch  # here: the front end imports this package and has no use for torch
+    run lanes use torch only for heads, where a second OpenMP thread spins and takes CPU
+    from the lanes (bench/RESULTS.md, "Lanes"); engines running one pass at a time get
+    every thread."""
+    import torch
 
     torch.set_num_threads(threads if any(engine.lanes == 1 for engine in engines) else 1)

@@ -1,13 +1,15 @@
 """The engine interface: what an inference process needs from a backend.
 
-An engine is built from a `ModelSpec` on one device, and turns a padded batch of token
-ids into one float32 row per input: for an embedder the pooled (and, if the model says
-so, normalised) vector, for a reranker or classifier the head's raw scores. A new engine
-is one module in this package plus one line in `ENGINES`.
+An engine is built from a `ModelSpec` on one device and the raw output the model's head
+asks for (`RawOutput`), and turns a padded batch of token ids into that output: the
+encoder's token states, or a sequence-classification head's logits. What a model kind
+makes of it (pooling, normalisation, scores) is the head's (`workers.heads`): no engine
+knows the kinds. A new engine is one module in this package plus one line in `ENGINES`.
 """
 
 from __future__ import annotations
 
+import enum
 import json
 import time
 from collections.abc import Callable, Sequence
@@ -15,59 +17,46 @@ from pathlib import Path
 from typing import Protocol
 
 import numpy as np
+import torch
 
-from infinity.shared.folders import num_labels
 from infinity.shared.protocol import ModelSpec
+
+
+class RawOutput(enum.StrEnum):
+    """What an engine's forward pass returns, as a torch tensor on any device."""
+
+    TOKEN_STATES = "token_states"  # (n, longest, hidden): the encoder's last hidden states
+    SEQUENCE_LOGITS = "sequence_logits"  # (n, labels): a sequence-classification head's logits
 
 
 class Engine(Protocol):
     name: str  # its key in `ENGINES`
-    dim: int  # floats per input
     pad_id: int
-    labels: list[str]  # a classifier's labels by output index; empty for embedders
-    activation: str  # "sigmoid", "softmax" or "none": applied by the front end unless raw scores are asked
     # Forward passes it runs at once, from as many threads: on a CPU an engine may run one
-    # single-threaded pass per core instead of one pass on all of them (bench/RESULTS.md,
-    # "Engines"): the inference process then runs a lane per pass (workers/batching.py).
+    # single-threaded pass per core instead of one pass on all of them: the inference
+    # process then runs a lane per pass (workers/batching.py).
     lanes: int
     # Whether it can also run a pass on all its threads at once (`forward(wide=True)`), for
-    # a lone input while the other lanes are idle, and that pass was measured faster at
-    # start (`wide_copy_pays`): CTranslate2 at float32, 1.6 against 4.0 ms for an
-    # 11-token sentence on 2 cores (bench/RESULTS.md, "Lanes").
+    # a lone input while the other lanes are idle, kept only where that pass measured
+    # faster at start (`wide_copy_pays`).
     widens: bool
 
-    def __init__(self, spec: ModelSpec, threads: int) -> None: ...
+    def __init__(self, spec: ModelSpec, threads: int, output: RawOutput) -> None: ...
 
     def forward(self, input_ids: np.ndarray, attention_mask: np.ndarray,
-                token_type_ids: np.ndarray, wide: bool = False) -> np.ndarray:
-        """(n, longest) int64 ids, mask and token segments -> (n, dim) float32; `wide`:
-        on every thread (only asked of an engine that `widens`)."""
+                token_type_ids: np.ndarray, wide: bool = False) -> torch.Tensor:
+        """(n, longest) int64 ids, mask and token segments -> the engine's `RawOutput`;
+        `wide`: on every thread (only asked of an engine that `widens`)."""
         ...
 
 
-def describe(engine: Engine, spec: ModelSpec) -> None:
-    """Set what every engine reports of its model, read from config.json: the padding id;
-    for an embedder the hidden size; for a reranker or classifier the head's size, labels,
-    and the activation that sentence-transformers' CrossEncoder (one label) or
-    transformers' text-classification pipeline (several) applies to its logits."""
-    config = json.loads((Path(spec.path) / "config.json").read_text())
-    engine.pad_id = int(config.get("pad_token_id") or 0)
-    if spec.kind == "embed":
-        engine.dim, engine.labels, engine.activation = int(config["hidden_size"]), [], "none"
-        return
-    count = num_labels(config)
-    if spec.kind == "rerank" and count != 1:
-        raise ValueError(f"a reranker needs a head with one output; {spec.path} has {count}")
-    id2label = config.get("id2label") or {}
-    engine.dim = count
-    engine.labels = [str(id2label.get(str(i), f"LABEL_{i}")) for i in range(count)]
-    saved = (config.get("sentence_transformers") or {}).get("activation_fn", "")
-    if saved.endswith("Identity"):
-        engine.activation = "none"
-    elif saved.endswith("Sigmoid") or count == 1 or config.get("problem_type") == "multi_label_classification":
-        engine.activation = "sigmoid"
-    else:
-        engine.activation = "softmax"
+def model_config(spec: ModelSpec) -> dict:
+    """The model's transformers config.json."""
+    return json.loads((Path(spec.path) / "config.json").read_text())
+
+
+def pad_id(spec: ModelSpec) -> int:
+    return int(model_config(spec).get("pad_token_id") or 0)
 
 
 # A wide pass needs a second copy of the weights, set to use every thread; it is made for
@@ -96,8 +85,6 @@ def wide_copy_pays(engine: Engine, max_length: int) -> bool:
     elsewhere (at a server's start, the tokenizer processes loading their models), so a
     copy that does not pay is measured again after a pause, `WIDE_COPY_TRIES` times in
     all, keeping the best time of each pass."""
-    import torch
-
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:

@@ -1,8 +1,8 @@
-"""CTranslate2 engine for embedders, rerankers and classifiers of the BERT and RoBERTa
-families: the transformers model is converted once into CTranslate2's format, cached
-under the cache directory keyed by the model's files, the requested quantisation and the
-library versions, and reused on later starts. A classifier's head runs in torch on the
-encoder's output."""
+"""CTranslate2 engine for encoders of the BERT and RoBERTa families: the transformers
+model is converted once into CTranslate2's format, cached under the cache directory
+keyed by the model's files, the requested quantisation and the library versions, and
+reused on later starts. Where logits are asked, the model's sequence-classification head
+runs in torch on the encoder's output."""
 
 from __future__ import annotations
 
@@ -20,8 +20,7 @@ from infinity.shared import devices
 from infinity.shared.folders import CTRANSLATE2_FAMILIES
 from infinity.shared.protocol import ModelSpec
 from workers.engines.artifacts import cached_build
-from workers.engines.base import describe, wants_wide_copy, wide_copy_pays
-from workers.pooling import embedding
+from workers.engines.base import RawOutput, pad_id, wants_wide_copy, wide_copy_pays
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +70,7 @@ def _converter_view(source: Path) -> Iterator[Path]:
 class CTranslate2Engine:
     name = "ctranslate2"
 
-    def __init__(self, spec: ModelSpec, threads: int) -> None:
+    def __init__(self, spec: ModelSpec, threads: int, output: RawOutput) -> None:
         import ctranslate2
 
         if spec.dtype not in COMPUTE_TYPES:
@@ -80,9 +79,8 @@ class CTranslate2Engine:
         if config.get("model_type") not in CTRANSLATE2_FAMILIES:
             raise ValueError(f"the ctranslate2 engine serves the {', '.join(CTRANSLATE2_FAMILIES)} families; '{spec.name}' "
                              f"is {config.get('model_type')} (use engine = \"onnx\" or \"torch\")")
-        self._head = None if spec.kind == "embed" else _classification_head(spec, config["model_type"])
+        self._head = _classification_head(spec, config["model_type"]) if output is RawOutput.SEQUENCE_LOGITS else None
         folder, _ = converted_model(spec)
-        self._spec = spec
         device, index = devices.ctranslate2_device(spec.device)
         # On the CPU, one single-threaded replica per core (sharing the weights), a lane
         # each: measured on all-MiniLM-L6-v2, 2 cores, batches of 32 sorted by length,
@@ -94,14 +92,14 @@ class CTranslate2Engine:
                                             inter_threads=self.lanes)
         self._wide = ctranslate2.Encoder(str(folder), device=device, compute_type=COMPUTE_TYPES[spec.dtype],
                                          intra_threads=threads) if wants_wide_copy(folder, self.lanes) else None
-        describe(self, spec)
+        self.pad_id = pad_id(spec)
         if self._wide is not None and not wide_copy_pays(self, spec.max_length):
             self._wide = None
         self.widens = self._wide is not None
 
     @torch.inference_mode()
     def forward(self, input_ids: np.ndarray, attention_mask: np.ndarray,
-                token_type_ids: np.ndarray, wide: bool = False) -> np.ndarray:
+                token_type_ids: np.ndarray, wide: bool = False) -> torch.Tensor:
         import ctranslate2
 
         lengths = attention_mask.sum(axis=1).astype(np.int32)
@@ -111,9 +109,8 @@ class CTranslate2Engine:
         output = encoder.forward_batch(ctranslate2.StorageView.from_array(input_ids.astype(np.int32)),
                                              ctranslate2.StorageView.from_array(lengths), types)
         if self._head is not None:
-            return self._head(output).float().numpy()
-        hidden = torch.from_numpy(np.asarray(output.last_hidden_state))
-        return embedding(self._spec.pooling, self._spec.normalize, hidden, torch.from_numpy(attention_mask)).numpy()
+            return self._head(output)
+        return torch.from_numpy(np.asarray(output.last_hidden_state))
 
 
 def _classification_head(spec: ModelSpec, model_type: str) -> Callable[[object], torch.Tensor]:

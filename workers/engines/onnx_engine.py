@@ -24,8 +24,7 @@ from infinity.shared import devices
 from infinity.shared.folders import cache_dir
 from infinity.shared.protocol import ModelSpec
 from workers.engines.artifacts import cached_build
-from workers.engines.base import describe, wants_wide_copy, wide_copy_pays
-from workers.pooling import embedding
+from workers.engines.base import RawOutput, pad_id, wants_wide_copy, wide_copy_pays
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +34,7 @@ GRAPH = "model.onnx"
 _EXTERNAL_DATA_BYTES = 1 << 30
 
 
-def exported_model(spec: ModelSpec) -> tuple[Path, bool]:
+def exported_model(spec: ModelSpec, output: RawOutput) -> tuple[Path, bool]:
     """The folder holding `spec`'s graph (`GRAPH`), exporting it if no cached one matches;
     returns (folder, whether it was exported now)."""
     import onnx
@@ -45,13 +44,13 @@ def exported_model(spec: ModelSpec) -> tuple[Path, bool]:
     def export(staging: Path) -> None:
         logging.disable(logging.INFO)  # the exporter, optimiser and quantiser log every step at INFO
         try:
-            _export(spec, staging / GRAPH)
+            _export(spec, output, staging / GRAPH)
         finally:
             logging.disable(logging.NOTSET)
         log.info("exported %s to ONNX (%s)", spec.name, spec.dtype)
 
     return cached_build("onnx", Path(spec.path), {
-        "kind": spec.kind,
+        "output": str(output),
         "dtype": spec.dtype,
         "torch": torch.__version__,
         "transformers": transformers.__version__,
@@ -61,29 +60,29 @@ def exported_model(spec: ModelSpec) -> tuple[Path, bool]:
 
 
 class _Forward(torch.nn.Module):
-    """The transformers module with plain tensor inputs and one output: token embeddings
-    for an embedder, logits for a sequence classifier."""
+    """The transformers module with plain tensor inputs and one output: token states, or a
+    sequence classifier's logits."""
 
-    def __init__(self, model: torch.nn.Module, kind: str) -> None:
+    def __init__(self, model: torch.nn.Module, output: RawOutput) -> None:
         super().__init__()
         self.model = model
-        self.kind = kind
+        self.output = output
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                 token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
         extra = {} if token_type_ids is None else {"token_type_ids": token_type_ids}
         output = self.model(input_ids=input_ids, attention_mask=attention_mask, **extra)
-        return output.last_hidden_state if self.kind == "embed" else output.logits
+        return output.logits if self.output is RawOutput.SEQUENCE_LOGITS else output.last_hidden_state
 
 
 def _takes_token_types(model: torch.nn.Module) -> bool:
     return "token_type_ids" in inspect.signature(model.forward).parameters
 
 
-def _export(spec: ModelSpec, path: Path) -> None:
+def _export(spec: ModelSpec, output: RawOutput, path: Path) -> None:
     from transformers import AutoModel, AutoModelForSequenceClassification
 
-    model_class = AutoModel if spec.kind == "embed" else AutoModelForSequenceClassification
+    model_class = AutoModelForSequenceClassification if output is RawOutput.SEQUENCE_LOGITS else AutoModel
     # Eager attention exports to plain MatMul/Softmax, which onnxruntime fuses better than
     # the exported SDPA (measured: about 10% more sentences/s on the CPU).
     model = model_class.from_pretrained(spec.path, dtype=torch.float32, attn_implementation="eager").eval()
@@ -98,7 +97,7 @@ def _export(spec: ModelSpec, path: Path) -> None:
     exported = path.with_name("exported.onnx")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        torch.onnx.export(_Forward(model, spec.kind), sample, str(exported), input_names=names,
+        torch.onnx.export(_Forward(model, output), sample, str(exported), input_names=names,
                           output_names=["output"], dynamic_shapes={n: {0: batch, 1: length} for n in names},
                           dynamo=True, external_data=_large(model), verbose=False)
     _optimise(spec, model.config, exported, path, _large(model))
@@ -181,12 +180,12 @@ def _session(folder: Path, device: str, threads: int) -> object:
 class OnnxEngine:
     name = "onnx"
 
-    def __init__(self, spec: ModelSpec, threads: int) -> None:
+    def __init__(self, spec: ModelSpec, threads: int, output: RawOutput) -> None:
         if spec.dtype not in DTYPES:
             raise ValueError(f"the onnx engine takes dtype {', '.join(DTYPES)}; got {spec.dtype}")
         if spec.dtype == "float16" and devices.is_cpu(spec.device):
             raise ValueError("the onnx engine runs float16 on CUDA only; use float32 or int8 on the CPU")
-        folder, _ = exported_model(spec)
+        folder, _ = exported_model(spec, output)
         on_cpu = devices.is_cpu(spec.device)
         # On the CPU, single-threaded runs of the session at once, a lane each: measured 247
         # against 225 sentences/s for one run on 2 threads.
@@ -194,19 +193,15 @@ class OnnxEngine:
         self._session = _session(folder, spec.device, 1 if on_cpu else threads)
         self._wide = _session(folder, spec.device, threads) if wants_wide_copy(folder, self.lanes) else None
         self._inputs = [i.name for i in self._session.get_inputs()]
-        self._spec = spec
-        describe(self, spec)
+        self.pad_id = pad_id(spec)
         if self._wide is not None and not wide_copy_pays(self, spec.max_length):
             self._wide = None
         self.widens = self._wide is not None
 
     @torch.inference_mode()
     def forward(self, input_ids: np.ndarray, attention_mask: np.ndarray,
-                token_type_ids: np.ndarray, wide: bool = False) -> np.ndarray:
+                token_type_ids: np.ndarray, wide: bool = False) -> torch.Tensor:
         given = {"input_ids": input_ids, "attention_mask": attention_mask, "token_type_ids": token_type_ids}
         session = self._wide if wide and self._wide is not None else self._session
         (output,) = session.run(None, {name: given[name] for name in self._inputs})
-        if self._spec.kind != "embed":
-            return output.astype(np.float32, copy=False)
-        return embedding(self._spec.pooling, self._spec.normalize, torch.from_numpy(output),
-                         torch.from_numpy(attention_mask)).numpy()
+        return torch.from_numpy(output)

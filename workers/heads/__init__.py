@@ -1,0 +1,49 @@
+"""Heads: what each model kind makes of an engine's raw output (`workers.heads.base.Head`),
+and the model an inference process serves, an engine with its kind's head. A new kind
+is one module in this package plus one line in `HEADS` (and its name where the
+configuration lists kinds); no engine changes."""
+
+from __future__ import annotations
+
+import importlib
+
+import numpy as np
+import torch
+
+from infinity.shared.protocol import ModelSpec
+from workers.engines import load_engine
+from workers.engines.base import Engine, model_config
+from workers.heads.base import Head
+
+# Imported lazily, like the engines.
+HEADS = {
+    "embed": "workers.heads.pooled:PooledEmbedding",
+    "rerank": "workers.heads.scores:RelevanceScores",
+    "classify": "workers.heads.scores:ClassScores",
+}
+
+
+def load_head(spec: ModelSpec) -> Head:
+    module_name, class_name = HEADS[spec.kind].split(":")
+    return getattr(importlib.import_module(module_name), class_name)(spec, model_config(spec))
+
+
+class LoadedModel:
+    """A model as an inference process runs it: its engine's forward pass, then its head."""
+
+    def __init__(self, engine: Engine, head: Head) -> None:
+        self.engine = engine
+        self.head = head
+
+    @torch.inference_mode()
+    def forward(self, input_ids: np.ndarray, attention_mask: np.ndarray, token_type_ids: np.ndarray,
+                wide: bool = False) -> np.ndarray:
+        """(n, longest) int64 ids, mask and token segments -> (n, head.dim) float32."""
+        raw = self.engine.forward(input_ids, attention_mask, token_type_ids, wide=wide)
+        return self.head(raw, torch.from_numpy(attention_mask).to(raw.device))
+
+
+def load_model(spec: ModelSpec, threads: int) -> LoadedModel:
+    """The spec's head, and the engine that gives it the raw output it needs."""
+    head = load_head(spec)
+    return LoadedModel(load_engine(spec, threads, head.output), head)

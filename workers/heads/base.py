@@ -1,0 +1,26 @@
+"""The head interface: what one model kind makes of an engine's raw output."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import numpy as np
+import torch
+
+from infinity.shared.protocol import ModelSpec
+from workers.engines.base import RawOutput
+
+
+class Head(Protocol):
+    output: RawOutput  # what it needs from the engine
+    dim: int  # floats per input it returns
+    labels: list[str]  # a classifier's labels by output index; empty for embedders
+    activation: str  # "sigmoid", "softmax" or "none": applied by the front end unless raw scores are asked
+
+    def __init__(self, spec: ModelSpec, config: dict) -> None:
+        """`config`: the model's transformers config.json."""
+
+    def __call__(self, raw: torch.Tensor, attention_mask: torch.Tensor) -> np.ndarray:
+        """The engine's raw output of a batch and its (n, longest) mask, on the same
+        device -> (n, dim) float32, one row per input."""
+        ...

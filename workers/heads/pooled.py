@@ -1,0 +1,41 @@
+"""The embedding head (`kind = "embed"`): token states pooled into one vector per input
+(mean, first token or last token, right padding), in float32, L2-normalised if the model
+says so."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from infinity.shared.protocol import ModelSpec
+from workers.engines.base import RawOutput
+
+
+def pool(mode: str, hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """(n, L, d) token states, (n, L) mask -> (n, d)."""
+    if mode == "mean":
+        mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
+        return (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1e-9)
+    if mode == "cls":
+        return hidden[:, 0]
+    if mode == "lasttoken":
+        last = attention_mask.sum(dim=1) - 1
+        return hidden[torch.arange(hidden.shape[0]), last]
+    raise ValueError(f"unknown pooling {mode!r}")
+
+
+class PooledEmbedding:
+    output = RawOutput.TOKEN_STATES
+    activation = "none"
+
+    def __init__(self, spec: ModelSpec, config: dict) -> None:
+        self.dim = int(config["hidden_size"])
+        self.labels: list[str] = []
+        self._pooling = spec.pooling
+        self._normalize = spec.normalize
+
+    def __call__(self, raw: torch.Tensor, attention_mask: torch.Tensor) -> np.ndarray:
+        vectors = pool(self._pooling, raw, attention_mask).float()
+        if self._normalize:
+            vectors = torch.nn.functional.normalize(vectors, p=2, dim=1)
+        return vectors.cpu().numpy()
