@@ -27,7 +27,7 @@ from workers.batching import Batch, Scheduler
 from workers.engines import set_torch_threads
 from workers.engines.base import best_seconds
 from workers.heads import LoadedModel, load_model
-from workers.process import start_child
+from workers.process import LAST_MESSAGE_LINGER_MS, start_child
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +67,7 @@ def main(args: protocol.WorkerArgs) -> None:
         sender.send(protocol.Ready(args.name, os.getpid(), infos))
         _serve(models, arenas, scheduler, sender)  # until SIGTERM
     finally:
-        context.destroy(linger=0)
+        context.destroy(linger=LAST_MESSAGE_LINGER_MS)
 
 
 def _arena_name(args: protocol.WorkerArgs, model: str) -> str:

@@ -16,6 +16,10 @@ from tqdm import tqdm
 from infinity.shared import protocol
 
 _PR_SET_PDEATHSIG = 1
+# How long a child that ends of itself (it could not start) waits for its last message,
+# `StartupFailed`, to reach the front end: with no linger ZeroMQ drops what is unsent, and
+# the front end would see only an exit without its reason.
+LAST_MESSAGE_LINGER_MS = 2000
 
 
 def start_child(args: protocol.WorkerArgs) -> tuple[zmq.Context, zmq.Socket, zmq.Socket]:

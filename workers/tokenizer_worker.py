@@ -6,7 +6,7 @@ import logging
 import os
 
 from infinity.shared import protocol
-from workers.process import start_child
+from workers.process import LAST_MESSAGE_LINGER_MS, start_child
 from workers.tokenization import ModelTokenizer, reply
 
 log = logging.getLogger(__name__)
@@ -27,4 +27,4 @@ def main(args: protocol.WorkerArgs) -> None:
             assert isinstance(request, protocol.Tokenize)
             to_front.send(protocol.encode(reply(tokenizers[request.model], request)))
     finally:
-        context.destroy(linger=0)
+        context.destroy(linger=LAST_MESSAGE_LINGER_MS)
