@@ -1,5 +1,7 @@
-"""The front end's side of the process pipeline: admission, request bookkeeping, and what
-happens when a child answers or dies.
+"""The engine client: the front end's side of the process pipeline. Admission, the ledger
+of requests in flight, the messages to and from the children, which replica runs a
+request, and what happens when a child answers or dies. Where the children run is
+`infinity.topology`'s; what a route makes of a `Result` is the route's.
 
 Every request is admitted (given arena slots, or refused with 429) before anything is
 queued, then sent to a tokenizer, then to one replica of its model: the inference process
@@ -25,16 +27,15 @@ import zmq
 from infinity.config import ServerConfig
 from infinity.errors import APIError, from_kind
 from infinity.schemas import ModelInputs
-from infinity.shared import devices, protocol, shm
+from infinity.shared import protocol, shm
 from infinity.shared.protocol import ModelSpec
-from infinity.supervisor import Child, plan_cpus, usable_cpus
+from infinity.supervisor import Child
+from infinity.topology import Replica, ServedModel, place
+
 # The one path by which worker code runs in the front end: small requests are tokenized
 # here, with the tokenizer processes' own code, rather than paying two messages
 # (`Pipeline._inline_tokenizers`).
 from workers.tokenization import ModelTokenizer, reply
-
-TOKENIZER_ENTRY_POINT = "workers.tokenizer_worker:main"
-INFERENCE_ENTRY_POINT = "workers.inference_worker:main"
 
 log = logging.getLogger(__name__)
 
@@ -43,64 +44,10 @@ _STOP_TIMEOUT_S = 10.0
 # front end: that costs it about what sending it to a tokenizer process and reading the
 # answer back does, and saves the request two process hops (about 0.7 ms; bench/RESULTS.md).
 INLINE_MAX_CHARS = 256
-_MAX_RESTART_DELAY_S = 30.0
 
 
 class StartupError(RuntimeError):
     """A child could not load what it serves; the server cannot start."""
-
-
-class Replica:
-    """A model in one inference process (one device), with the arena that process writes."""
-
-    def __init__(self, device: str, child: Child) -> None:
-        self.device = device
-        self.child = child
-        self.info: protocol.ModelInfo | None = None
-        self.arena: shm.Arena | None = None
-        self.outstanding = 0  # inputs sent to it and not yet done
-        self.served = 0  # inputs it has computed
-
-    @property
-    def ready(self) -> bool:
-        return self.child.ready and self.arena is not None
-
-    def attach(self, info: protocol.ModelInfo) -> None:
-        """Map the arena a (re)started inference child created for this model."""
-        self.info = info
-        self.arena = shm.Arena(info.arena, info.slots, info.dim, create=False)
-
-
-class ServedModel:
-    """A model as the front end sees it: its spec (the first replica's; replicas differ
-    only in device), its replicas, and the slot pool they share.
-
-    Every replica's arena has as many rows as the pool has slots, so slots taken at
-    admission are valid in whichever replica runs the request; its result is read from
-    that replica's arena.
-    """
-
-    def __init__(self, spec: ModelSpec, slots: int) -> None:
-        self.spec = spec
-        self.pool = shm.SlotPool(slots)
-        self.replicas: list[Replica] = []
-
-    @property
-    def ready(self) -> bool:
-        """At least one replica can take requests."""
-        return any(replica.ready for replica in self.replicas)
-
-    @property
-    def info(self) -> protocol.ModelInfo | None:
-        """What the loaded model reports (the same in every replica but for its arena)."""
-        return next((replica.info for replica in self.replicas if replica.info is not None), None)
-
-    def pick(self) -> Replica | None:
-        """The ready replica with the fewest inputs outstanding, or None."""
-        return min((r for r in self.replicas if r.ready), key=lambda r: r.outstanding, default=None)
-
-    def replica_in(self, child: Child) -> Replica:
-        return next(replica for replica in self.replicas if replica.child is child)
 
 
 @dataclass(eq=False)
@@ -171,28 +118,11 @@ class Pipeline:
             protocol.Failed: self._on_failed,
         }
 
-        # `specs` has one spec per replica; a model on several devices appears once for each.
-        self.models: dict[str, ServedModel] = {}
-        for spec in specs:
-            self.models.setdefault(spec.name, ServedModel(spec, server.max_queued_items))
-        all_devices = list(dict.fromkeys(spec.device for spec in specs))
-        cpu_devices = [device for device in all_devices if devices.is_cpu(device)]
-        plan = plan_cpus(usable_cpus(), server.tokenizer_workers, max(1, len(cpu_devices)))
-        placement = dict(zip(cpu_devices, plan.cpu_partitions))
-        first_specs = [model.spec for model in self.models.values()]
-        self._inline = self._inline_tokenizers(first_specs)
-        self.tokenizers = [
-            Child(self._args(f"tokenizer-{i}", first_specs, cpus, 1), TOKENIZER_ENTRY_POINT)
-            for i, cpus in enumerate(plan.tokenizer_cpus)
-        ]
-        self.inference: list[Child] = []
-        for device in all_devices:
-            on_device = [spec for spec in specs if spec.device == device]
-            cpus, threads = placement.get(device, (plan.inference_cpus, plan.inference_threads))
-            child = Child(self._args(f"inference-{device}", on_device, cpus, threads), INFERENCE_ENTRY_POINT)
-            self.inference.append(child)
-            for spec in on_device:
-                self.models[spec.name].replicas.append(Replica(device, child))
+        topology = place(server, specs, self._args)
+        self.models = topology.models
+        self.tokenizers = topology.tokenizers
+        self.inference = topology.inference
+        self._inline = self._inline_tokenizers([model.spec for model in self.models.values()])
 
     @staticmethod
     def _inline_tokenizers(specs: list[ModelSpec]) -> dict[str, ModelTokenizer]:
@@ -396,8 +326,7 @@ class Pipeline:
         if self._started is not None and not self._started.done():
             self._started.set_exception(StartupError(f"{child.name} exited with code {code} while starting"))
             return
-        child.failures += 1
-        delay = min(_MAX_RESTART_DELAY_S, 0.5 * 2 ** (child.failures - 1))
+        delay = child.restart_delay()
         log.error("%s exited with code %s; %d requests failed; restarting in %.1fs",
                   child.name, code, len(held), delay)
         asyncio.get_running_loop().call_later(delay, self._restart, child)

@@ -24,6 +24,8 @@ from infinity.shared import protocol
 log = logging.getLogger(__name__)
 
 _spawn = multiprocessing.get_context("spawn")
+# A child that keeps dying is restarted after 0.5 s, 1 s, 2 s, ... up to this.
+MAX_RESTART_DELAY_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -103,6 +105,11 @@ class Child:
         self.socket.setsockopt(zmq.SNDHWM, 0)
         self.socket.connect(self.args.endpoint)
         asyncio.get_running_loop().add_reader(self.process.sentinel, self._exited, on_exit)
+
+    def restart_delay(self) -> float:
+        """Count a failure; the seconds to wait before starting the child again."""
+        self.failures += 1
+        return min(MAX_RESTART_DELAY_S, 0.5 * 2 ** (self.failures - 1))
 
     def send(self, message: protocol.Message) -> None:
         assert self.socket is not None

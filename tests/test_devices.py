@@ -17,7 +17,7 @@ import requests
 import torch
 
 from infinity.config import ConfigError, ModelConfig, load_config
-from infinity.pipeline import Replica, ServedModel
+from infinity.topology import Replica, ServedModel
 from infinity.supervisor import plan_cpus
 from tests.conftest import (MODEL_NAME, assert_close, assert_error, decode_embedding, pid_alive,
                             shm_arenas, shm_segments, wait_until)

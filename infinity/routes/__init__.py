@@ -1,0 +1,12 @@
+"""The API's operations, one module per family of outputs: embeddings (OpenAI, Cohere),
+scores (rerank, classify), the server's status (health, models). Each module lists its
+`ROUTES`; a new output kind is a new module here and its line below."""
+
+from __future__ import annotations
+
+from infinity.routes import embeddings, scores, status
+from infinity.routes.common import KIND_ROUTES, Route
+
+ROUTES: list[Route] = [*embeddings.ROUTES, *scores.ROUTES, *status.ROUTES]
+
+__all__ = ["KIND_ROUTES", "ROUTES", "Route"]

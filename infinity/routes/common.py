@@ -1,0 +1,69 @@
+"""What every route shares: the application's keys, the route record, and choosing the
+served model a request names."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+from msgspec import Struct
+
+from infinity import openapi
+from infinity.config import Config
+from infinity.errors import APIError
+from infinity.pipeline import Pipeline, Result
+from infinity.schemas import Usage
+from infinity.topology import ServedModel
+
+PIPELINE = web.AppKey("pipeline", Pipeline)
+CONFIG = web.AppKey("config", Config)
+
+# Errors of every route that runs a model.
+MODEL_ERRORS = (400, 404, 408, 413, 415, 422, 429, 503)
+# The model name infinity's generated client sends when its caller names none.
+UNNAMED_MODEL = "default/not-specified"
+# The route that serves each model kind.
+KIND_ROUTES = {"embed": "/v1/embeddings", "rerank": "/v1/rerank", "classify": "/v1/classify"}
+
+
+@dataclass(frozen=True)
+class Route:
+    """One operation of the API and the function that serves it: `serve(request, body)`
+    returns the operation's answer type (`body` is None for routes without one)."""
+
+    operation: openapi.Operation
+    serve: Callable[[web.Request, Any], Awaitable[Struct]]
+
+
+def served_model(request: web.Request, name: str | None, kind: str) -> ServedModel:
+    """The model a request names, which must be of `kind`; without a name, the only
+    model of that kind."""
+    models = request.app[PIPELINE].models
+    if name is None or name == UNNAMED_MODEL:
+        of_kind = [m for m in models.values() if m.spec.kind == kind]
+        if len(of_kind) == 1:
+            return of_kind[0]
+        raise APIError(422, f"model is required: this server serves {len(of_kind)} models of kind '{kind}'",
+                       param="model")
+    model = models.get(name)
+    if model is None:
+        raise APIError(404, f"model '{name}' is not served here; served models: {', '.join(models)}",
+                       param="model", code="model_not_found")
+    if model.spec.kind != kind:
+        raise APIError(400, f"model '{name}' is of kind '{model.spec.kind}'; it serves "
+                            f"POST {KIND_ROUTES[model.spec.kind]}, not the {kind} route", param="model",
+                       code="wrong_model_kind")
+    return model
+
+
+def max_items(request: web.Request) -> int:
+    """Items one request may carry: never more than a model's whole queue, since such a
+    request could never be admitted."""
+    server = request.app[CONFIG].server
+    return min(server.max_items_per_request, server.max_queued_items)
+
+
+def usage(result: Result) -> Usage:
+    return Usage(result.prompt_tokens, result.prompt_tokens, result.truncated)

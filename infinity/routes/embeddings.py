@@ -1,0 +1,82 @@
+"""Embedding routes: OpenAI's `/v1/embeddings` (float, base64, quantised types,
+`dimensions`) and Cohere's v1/v2 embed, encoded straight from the shared-memory arena."""
+
+from __future__ import annotations
+
+import uuid
+
+import numpy as np
+from aiohttp import web
+
+from infinity import openapi
+from infinity.errors import APIError
+from infinity.pipeline import Result
+from infinity.quantize import encode
+from infinity.routes.common import CONFIG, MODEL_ERRORS, PIPELINE, Route, max_items, served_model, usage
+from infinity.schemas import (ApiVersion, BilledUnits, CohereEmbedRequest, CohereEmbedResponse, CohereMeta,
+                              EmbeddingData, EmbeddingRequest, EmbeddingResponse, InputTokens, ModelInputs,
+                              output_types, text_inputs, text_or_token_inputs)
+from infinity.topology import ServedModel
+
+
+async def embeddings(request: web.Request, body: EmbeddingRequest) -> EmbeddingResponse:
+    """OpenAI embeddings; with `embedding_types`, each item holds `embeddings` by type
+    instead of `embedding`."""
+    types = body.output_types(request.app[CONFIG].server.embedding_type)
+    model = served_model(request, body.model, "embed")
+    inputs = text_or_token_inputs(body.input, max_items(request))
+    # 0 asks for every dimension, as in infinity (its generated client sends 0 by default).
+    result, rows = await _embed(request, model, inputs, body.dimensions or None, "dimensions")
+    encoded = {t: encode(rows, t, body.encoding_format == "base64") for t in types}
+    if body.embedding_types is None:
+        data = [EmbeddingData(index=i, embedding=value) for i, value in enumerate(encoded[types[0]])]
+    else:
+        data = [EmbeddingData(index=i, embeddings={t: encoded[t][i] for t in types}) for i in range(len(rows))]
+    return EmbeddingResponse(data=data, model=model.spec.name, usage=usage(result))
+
+
+async def cohere_embed(request: web.Request, body: CohereEmbedRequest) -> CohereEmbedResponse:
+    """Cohere v1/v2 embed. v1 without `embedding_types` (and a float server default)
+    answers `embeddings_floats`; otherwise `embeddings_by_type`, where Cohere's `base64`
+    type is the base64 of the float32 values."""
+    default = request.app[CONFIG].server.embedding_type
+    types = output_types(body.embedding_types, default)
+    model = served_model(request, body.model, "embed")
+    inputs = text_inputs(body.texts, max_items(request), "texts")
+    result, rows = await _embed(request, model, inputs, body.output_dimension, "output_dimension")
+    version = "2" if request.path.endswith("/v2/embed") else "1"
+    by_type = version == "2" or body.embedding_types is not None or default != "float"
+    embeddings = ({t: encode(rows, "float", True) if t == "base64" else encode(rows, t) for t in types}
+                  if by_type else encode(rows, "float"))
+    tokens = result.prompt_tokens
+    return CohereEmbedResponse(
+        id=uuid.uuid4().hex, embeddings=embeddings, texts=body.texts,  # type: ignore[arg-type]
+        meta=CohereMeta(ApiVersion(version), BilledUnits(input_tokens=tokens), InputTokens(tokens)),
+        response_type="embeddings_by_type" if by_type else "embeddings_floats")
+
+
+async def _embed(request: web.Request, model: ServedModel, inputs: ModelInputs, dimensions: int | None,
+                 dimensions_param: str) -> tuple[Result, np.ndarray]:
+    """Run `inputs` through an embedder; return the (released) result and its vectors as
+    one (n, dim) float32 array, truncated to `dimensions` and re-normalised."""
+    dim = model.info.dim if model.info else None
+    if dimensions is not None and dim is not None and not 0 < dimensions <= dim:
+        raise APIError(422, f"{dimensions_param} must be between 1 and {dim} for model '{model.spec.name}'",
+                       param=dimensions_param)
+    result = await request.app[PIPELINE].run(model, inputs)
+    try:
+        rows = np.stack(list(result.rows()))
+    finally:
+        result.release()
+    if dimensions is not None and dimensions < rows.shape[1]:
+        rows = rows[:, :dimensions]
+        rows = rows / np.maximum(np.linalg.norm(rows, axis=1, keepdims=True), 1e-12)
+    return result, rows
+
+
+ROUTES = [
+    Route(openapi.Operation("post", "/v1/embeddings", ("/embeddings",), "Embed texts or token ids (OpenAI)",
+                            EmbeddingRequest, EmbeddingResponse, MODEL_ERRORS, "embed"), embeddings),
+    Route(openapi.Operation("post", "/v1/embed", ("/embed", "/v2/embed"), "Embed texts (Cohere v1 and v2)",
+                            CohereEmbedRequest, CohereEmbedResponse, MODEL_ERRORS, "embed"), cohere_embed),
+]

@@ -1,0 +1,55 @@
+"""Status routes: `/health` (ready once every model is loaded on every device) and the
+model list (OpenAI's shape, with infinity's fields and our replicas and queues)."""
+
+from __future__ import annotations
+
+import time
+
+from aiohttp import web
+
+from infinity import openapi
+from infinity.errors import APIError
+from infinity.routes.common import PIPELINE, Route
+from infinity.schemas import Health, ModelCard, ModelList, ModelStats, ReplicaCard
+from infinity.topology import ServedModel
+
+
+async def health(request: web.Request, _: None) -> Health:
+    if not request.app[PIPELINE].ready:
+        raise APIError(503, "models are loading", code="not_ready", headers={"Retry-After": "1"})
+    return Health("ok", time.time())
+
+
+async def models(request: web.Request, _: None) -> ModelList:
+    return ModelList(data=[_model_card(model) for model in request.app[PIPELINE].models.values()])
+
+
+def _model_card(model: ServedModel) -> ModelCard:
+    info, spec = model.info, model.spec
+    queued = model.pool.capacity - model.pool.free
+    return ModelCard(
+        id=spec.name,
+        created=int(time.time()),
+        kind=spec.kind,  # type: ignore[arg-type]
+        capabilities=[spec.kind],
+        backend=info.engine if info else spec.engine,
+        stats=ModelStats(queue_fraction=queued / model.pool.capacity, queue_absolute=queued,
+                         results_pending=sum(replica.outstanding for replica in model.replicas),
+                         batch_size=spec.max_batch_size),
+        ready=model.ready,
+        dimensions=info.dim if info else None,
+        max_length=spec.max_length,
+        devices=[replica.device for replica in model.replicas],
+        # Each replica's readiness and the inputs it has computed (how the load spreads).
+        replicas=[ReplicaCard(replica.device, replica.ready, replica.served,
+                              replica.info.engine if replica.info else None) for replica in model.replicas],
+    )
+
+
+ROUTES = [
+    Route(openapi.Operation("get", "/v1/models", ("/models",), "The served models, their replicas and queues",
+                            None, ModelList, ()), models),
+    Route(openapi.Operation("get", "/health", ("/v1/health",),
+                            "200 once every model is loaded on every device; 503 before", None, Health, (503,)),
+          health),
+]

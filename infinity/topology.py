@@ -1,0 +1,108 @@
+"""Where the server's work runs: the tokenizer processes, one inference process per
+device, and each model's replicas on them (a replica: a model in one inference process,
+with the arena that process writes), placed on the CPUs by `infinity.supervisor.plan_cpus`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from infinity.config import ServerConfig
+from infinity.shared import devices, protocol, shm
+from infinity.shared.protocol import ModelSpec
+from infinity.supervisor import Child, plan_cpus, usable_cpus
+
+TOKENIZER_ENTRY_POINT = "workers.tokenizer_worker:main"
+INFERENCE_ENTRY_POINT = "workers.inference_worker:main"
+
+# (name, specs, cpus, threads) -> what the child of that name is started with
+ArgsOf = Callable[[str, list[ModelSpec], list[int] | None, int], protocol.WorkerArgs]
+
+
+class Replica:
+    """A model in one inference process (one device), with the arena that process writes."""
+
+    def __init__(self, device: str, child: Child) -> None:
+        self.device = device
+        self.child = child
+        self.info: protocol.ModelInfo | None = None
+        self.arena: shm.Arena | None = None
+        self.outstanding = 0  # inputs sent to it and not yet done
+        self.served = 0  # inputs it has computed
+
+    @property
+    def ready(self) -> bool:
+        return self.child.ready and self.arena is not None
+
+    def attach(self, info: protocol.ModelInfo) -> None:
+        """Map the arena a (re)started inference child created for this model."""
+        self.info = info
+        self.arena = shm.Arena(info.arena, info.slots, info.dim, create=False)
+
+
+class ServedModel:
+    """A model as the front end sees it: its spec (the first replica's; replicas differ
+    only in device), its replicas, and the slot pool they share.
+
+    Every replica's arena has as many rows as the pool has slots, so slots taken at
+    admission are valid in whichever replica runs the request; its result is read from
+    that replica's arena.
+    """
+
+    def __init__(self, spec: ModelSpec, slots: int) -> None:
+        self.spec = spec
+        self.pool = shm.SlotPool(slots)
+        self.replicas: list[Replica] = []
+
+    @property
+    def ready(self) -> bool:
+        """At least one replica can take requests."""
+        return any(replica.ready for replica in self.replicas)
+
+    @property
+    def info(self) -> protocol.ModelInfo | None:
+        """What the loaded model reports (the same in every replica but for its arena)."""
+        return next((replica.info for replica in self.replicas if replica.info is not None), None)
+
+    def pick(self) -> Replica | None:
+        """The ready replica with the fewest inputs outstanding, or None."""
+        return min((r for r in self.replicas if r.ready), key=lambda r: r.outstanding, default=None)
+
+    def replica_in(self, child: Child) -> Replica:
+        return next(replica for replica in self.replicas if replica.child is child)
+
+
+@dataclass
+class Topology:
+    models: dict[str, ServedModel]  # by name
+    tokenizers: list[Child]
+    inference: list[Child]  # one per device
+
+    @property
+    def children(self) -> list[Child]:
+        return [*self.tokenizers, *self.inference]
+
+
+def place(server: ServerConfig, specs: list[ModelSpec], args_of: ArgsOf) -> Topology:
+    """The children and replicas for `specs` (one spec per replica: a model on several
+    devices appears once for each); every tokenizer process serves every model."""
+    models: dict[str, ServedModel] = {}
+    for spec in specs:
+        models.setdefault(spec.name, ServedModel(spec, server.max_queued_items))
+    all_devices = list(dict.fromkeys(spec.device for spec in specs))
+    cpu_devices = [device for device in all_devices if devices.is_cpu(device)]
+    plan = plan_cpus(usable_cpus(), server.tokenizer_workers, max(1, len(cpu_devices)))
+    placement = dict(zip(cpu_devices, plan.cpu_partitions))
+    first_specs = [model.spec for model in models.values()]
+    tokenizers = [Child(args_of(f"tokenizer-{i}", first_specs, cpus, 1), TOKENIZER_ENTRY_POINT)
+                  for i, cpus in enumerate(plan.tokenizer_cpus)]
+    inference = []
+    for device in all_devices:
+        on_device = [spec for spec in specs if spec.device == device]
+        cpus, threads = placement.get(device, (plan.inference_cpus, plan.inference_threads))
+        child = Child(args_of(f"inference-{device}", on_device, cpus, threads), INFERENCE_ENTRY_POINT)
+        inference.append(child)
+        for spec in on_device:
+            models[spec.name].replicas.append(Replica(device, child))
+    return Topology(models, tokenizers, inference)
