@@ -29,6 +29,7 @@ from infinity.routes import ROUTES, Route
 from infinity.routes.common import CONFIG, PIPELINE
 from infinity.schemas import decode_body
 from infinity.shared.protocol import ModelSpec
+from infinity.supervisor import Launch, spawn_process
 
 log = logging.getLogger(__name__)
 
@@ -40,14 +41,16 @@ DOCS = web.AppKey("docs", str)
 MAX_INPUT_CHARS = web.AppKey("max_input_chars", int)  # the most any served model reads of one text
 
 
-def create_app(config: Config, specs: list[ModelSpec]) -> web.Application:
+def create_app(config: Config, specs: list[ModelSpec], launch: Launch = spawn_process) -> web.Application:
+    """The application serving `specs`; `launch` starts its children (processes, but in
+    the fast tests)."""
     server = config.server
     app = web.Application(
         client_max_size=server.max_request_bytes,
         middlewares=[_json_errors, _authorization(server.api_key), track_request],
     )
     app[CONFIG] = config
-    app[PIPELINE] = Pipeline(server, specs)
+    app[PIPELINE] = Pipeline(server, specs, launch)
     app[EXIT_CODE] = [0]
     app[MAX_INPUT_CHARS] = max(spec.max_input_chars for spec in specs)
     for route in ROUTES:

@@ -29,7 +29,7 @@ from infinity.errors import APIError, from_kind
 from infinity.schemas import ModelInputs
 from infinity.shared import protocol, shm
 from infinity.shared.protocol import ModelSpec
-from infinity.supervisor import Child
+from infinity.supervisor import Child, Launch, spawn_process
 from infinity.topology import Replica, ServedModel, place
 
 # The one path by which worker code runs in the front end: small requests are tokenized
@@ -97,7 +97,7 @@ class Result:
 
 
 class Pipeline:
-    def __init__(self, server: ServerConfig, specs: list[ModelSpec]) -> None:
+    def __init__(self, server: ServerConfig, specs: list[ModelSpec], launch: Launch = spawn_process) -> None:
         self._server = server
         self._folder = shm.ServerFolder()  # arenas and socket files
         self._context = zmq.Context()
@@ -118,7 +118,7 @@ class Pipeline:
             protocol.Failed: self._on_failed,
         }
 
-        topology = place(server, specs, self._args)
+        topology = place(server, specs, self._args, launch)
         self.models = topology.models
         self.tokenizers = topology.tokenizers
         self.inference = topology.inference

@@ -16,6 +16,7 @@ import multiprocessing
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import zmq
 
@@ -82,13 +83,25 @@ def _run_entry_point(entry_point: str, args: protocol.WorkerArgs) -> None:
     getattr(importlib.import_module(module), function)(args)
 
 
+def spawn_process(entry_point: str, args: protocol.WorkerArgs) -> multiprocessing.process.BaseProcess:
+    """A process (not started yet) that runs `entry_point` with `args`: how the server
+    launches its children (the fast tests launch threads instead: tests/fast/inprocess.py)."""
+    return _spawn.Process(target=_run_entry_point, args=(entry_point, args), name=args.name)
+
+
+# (entry point, args) -> a process, not started: `spawn_process`, or a stand-in with its
+# `start`, `sentinel`, `is_alive`, `join`, `terminate`, `kill`, `close` and `exitcode`.
+Launch = Callable[[str, protocol.WorkerArgs], Any]
+
+
 class Child:
     """One child process and the PUSH socket the front end reaches it on."""
 
-    def __init__(self, args: protocol.WorkerArgs, entry_point: str) -> None:
+    def __init__(self, args: protocol.WorkerArgs, entry_point: str, launch: Launch = spawn_process) -> None:
         self.args = args
         self.name = args.name
         self._entry_point = entry_point
+        self._launch = launch
         self.process: multiprocessing.process.BaseProcess | None = None
         self.socket: zmq.Socket | None = None
         self.ready = False
@@ -98,7 +111,7 @@ class Child:
         """Spawn the process and a fresh socket to it (so nothing queued for a dead
         predecessor reaches the new process)."""
         self.ready = False
-        self.process = _spawn.Process(target=_run_entry_point, args=(self._entry_point, self.args), name=self.name)
+        self.process = self._launch(self._entry_point, self.args)
         self.process.start()
         self.socket = context.socket(zmq.PUSH)
         self.socket.setsockopt(zmq.LINGER, 0)

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from infinity.config import ServerConfig
 from infinity.shared import devices, protocol, shm
 from infinity.shared.protocol import ModelSpec
-from infinity.supervisor import Child, plan_cpus, usable_cpus
+from infinity.supervisor import Child, Launch, plan_cpus, spawn_process, usable_cpus
 
 TOKENIZER_ENTRY_POINT = "workers.tokenizer_worker:main"
 INFERENCE_ENTRY_POINT = "workers.inference_worker:main"
@@ -84,9 +84,10 @@ class Topology:
         return [*self.tokenizers, *self.inference]
 
 
-def place(server: ServerConfig, specs: list[ModelSpec], args_of: ArgsOf) -> Topology:
+def place(server: ServerConfig, specs: list[ModelSpec], args_of: ArgsOf, launch: Launch = spawn_process) -> Topology:
     """The children and replicas for `specs` (one spec per replica: a model on several
-    devices appears once for each); every tokenizer process serves every model."""
+    devices appears once for each), launched by `launch`; every tokenizer process serves
+    every model."""
     models: dict[str, ServedModel] = {}
     for spec in specs:
         models.setdefault(spec.name, ServedModel(spec, server.max_queued_items))
@@ -95,13 +96,13 @@ def place(server: ServerConfig, specs: list[ModelSpec], args_of: ArgsOf) -> Topo
     plan = plan_cpus(usable_cpus(), server.tokenizer_workers, max(1, len(cpu_devices)))
     placement = dict(zip(cpu_devices, plan.cpu_partitions))
     first_specs = [model.spec for model in models.values()]
-    tokenizers = [Child(args_of(f"tokenizer-{i}", first_specs, cpus, 1), TOKENIZER_ENTRY_POINT)
+    tokenizers = [Child(args_of(f"tokenizer-{i}", first_specs, cpus, 1), TOKENIZER_ENTRY_POINT, launch)
                   for i, cpus in enumerate(plan.tokenizer_cpus)]
     inference = []
     for device in all_devices:
         on_device = [spec for spec in specs if spec.device == device]
         cpus, threads = placement.get(device, (plan.inference_cpus, plan.inference_threads))
-        child = Child(args_of(f"inference-{device}", on_device, cpus, threads), INFERENCE_ENTRY_POINT)
+        child = Child(args_of(f"inference-{device}", on_device, cpus, threads), INFERENCE_ENTRY_POINT, launch)
         inference.append(child)
         for spec in on_device:
             models[spec.name].replicas.append(Replica(device, child))

@@ -22,6 +22,7 @@ import numpy as np
 import zmq
 
 from infinity.shared import devices, protocol
+from infinity.shared.protocol import ModelSpec
 from infinity.shared.shm import Arena
 from workers.batching import Batch, Scheduler
 from workers.engines import set_torch_threads
@@ -35,39 +36,46 @@ log = logging.getLogger(__name__)
 def main(args: protocol.WorkerArgs) -> None:
     context, inbox, to_front = start_child(args)
     try:
-        try:
-            devices.require(args.models[0].device, [spec.name for spec in args.models])
-            models = {spec.name: load_model(spec, args.threads) for spec in args.models}
-            set_torch_threads([model.engine for model in models.values()], args.threads)
-            costs = {spec.name: _warm_up(models[spec.name], spec.max_length) for spec in args.models}
-            arenas = {spec.name: Arena(_arena_name(args, spec.name), args.arena_slots,
-                                       models[spec.name].head.dim, create=True) for spec in args.models}
-        except devices.DeviceUnavailable as exc:  # a configuration error: no traceback
-            to_front.send(protocol.encode(protocol.StartupFailed(args.name, str(exc))))
-            return
-        except Exception as exc:
-            log.exception("cannot load models")
-            to_front.send(protocol.encode(protocol.StartupFailed(args.name, f"{type(exc).__name__}: {exc}")))
-            return
-        scheduler = Scheduler()
-        for spec in args.models:
-            engine = models[spec.name].engine
-            scheduler.add_model(spec.name, spec.max_batch_tokens, spec.max_batch_size, engine.pad_id,
-                                *costs[spec.name], engine.lanes, engine.widens)
-        threading.Thread(target=_guarded, args=(_receive, context, args, inbox, scheduler), daemon=True,
-                         name="receiver").start()
-        sender = _Sender(to_front)
-        for lane in range(1, scheduler.lanes):
-            threading.Thread(target=_guarded, args=(_serve, models, arenas, scheduler, sender), daemon=True,
-                             name=f"lane-{lane}").start()
-        infos = [protocol.ModelInfo(spec.name, spec.kind, models[spec.name].head.dim, spec.max_length,
-                                    models[spec.name].head.labels, models[spec.name].head.activation,
-                                    arenas[spec.name].name, args.arena_slots, models[spec.name].engine.name)
-                 for spec in args.models]
-        sender.send(protocol.Ready(args.name, os.getpid(), infos))
-        _serve(models, arenas, scheduler, sender)  # until SIGTERM
+        serve(args, context, inbox, to_front)
     finally:
         context.destroy(linger=LAST_MESSAGE_LINGER_MS)
+
+
+def serve(args: protocol.WorkerArgs, context: zmq.Context, inbox: zmq.Socket, to_front: zmq.Socket,
+          load: Callable[[ModelSpec, int], LoadedModel] = load_model) -> None:
+    """Load and warm up every model (`load`: how), report `Ready`, then serve until the
+    process ends; a model that cannot load is reported as `StartupFailed`."""
+    try:
+        devices.require(args.models[0].device, [spec.name for spec in args.models])
+        models = {spec.name: load(spec, args.threads) for spec in args.models}
+        set_torch_threads([model.engine for model in models.values()], args.threads)
+        costs = {spec.name: _warm_up(models[spec.name], spec.max_length) for spec in args.models}
+        arenas = {spec.name: Arena(_arena_name(args, spec.name), args.arena_slots,
+                                   models[spec.name].head.dim, create=True) for spec in args.models}
+    except devices.DeviceUnavailable as exc:  # a configuration error: no traceback
+        to_front.send(protocol.encode(protocol.StartupFailed(args.name, str(exc))))
+        return
+    except Exception as exc:
+        log.exception("cannot load models")
+        to_front.send(protocol.encode(protocol.StartupFailed(args.name, f"{type(exc).__name__}: {exc}")))
+        return
+    scheduler = Scheduler()
+    for spec in args.models:
+        engine = models[spec.name].engine
+        scheduler.add_model(spec.name, spec.max_batch_tokens, spec.max_batch_size, engine.pad_id,
+                            *costs[spec.name], engine.lanes, engine.widens)
+    threading.Thread(target=_guarded, args=(_receive, context, args, inbox, scheduler), daemon=True,
+                     name="receiver").start()
+    sender = _Sender(to_front)
+    for lane in range(1, scheduler.lanes):
+        threading.Thread(target=_guarded, args=(_serve, models, arenas, scheduler, sender), daemon=True,
+                         name=f"lane-{lane}").start()
+    infos = [protocol.ModelInfo(spec.name, spec.kind, models[spec.name].head.dim, spec.max_length,
+                                models[spec.name].head.labels, models[spec.name].head.activation,
+                                arenas[spec.name].name, args.arena_slots, models[spec.name].engine.name)
+             for spec in args.models]
+    sender.send(protocol.Ready(args.name, os.getpid(), infos))
+    _serve(models, arenas, scheduler, sender)  # until SIGTERM
 
 
 def _arena_name(args: protocol.WorkerArgs, model: str) -> str:

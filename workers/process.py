@@ -23,7 +23,7 @@ LAST_MESSAGE_LINGER_MS = 2000
 
 
 def start_child(args: protocol.WorkerArgs) -> tuple[zmq.Context, zmq.Socket, zmq.Socket]:
-    """Prepare this process; return (context, inbox PULL, PUSH to the front end)."""
+    """Prepare this process; return its sockets (`open_sockets`)."""
     parent = os.getppid()
     try:  # Linux: SIGKILL us when the supervisor dies, even by kill -9
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
@@ -44,6 +44,11 @@ def start_child(args: protocol.WorkerArgs) -> tuple[zmq.Context, zmq.Socket, zmq
         level=args.log_level.upper(), stream=sys.stderr,
         format=f"%(asctime)s %(levelname)s [{args.name}] %(message)s",
     )
+    return open_sockets(args)
+
+
+def open_sockets(args: protocol.WorkerArgs) -> tuple[zmq.Context, zmq.Socket, zmq.Socket]:
+    """(context, inbox PULL bound at the child's endpoint, PUSH to the front end)."""
     context = zmq.Context()
     inbox = context.socket(zmq.PULL)
     inbox.setsockopt(zmq.LINGER, 0)

@@ -1,0 +1,139 @@
+"""The whole request path in one process (tests/fast/inprocess.py): HTTP, admission,
+tokenizing, the protocol, batching, the head, the arena and encoding, against a fake
+engine whose vectors are known."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+
+import numpy as np
+import pytest
+from tokenizers import Tokenizer
+
+from infinity.config import ModelConfig
+from infinity.models import resolve_model
+from tests.fast.inprocess import ThreadLauncher, expected_embedding, serving
+
+pytestmark = pytest.mark.timeout(60)
+
+TEXTS = ["a short sentence", "another, somewhat longer sentence about embeddings and servers", "x"]
+
+
+@pytest.fixture(scope="module")
+def model_tokenizer():
+    spec = resolve_model(ModelConfig(name="m"))
+    tokenizer = Tokenizer.from_file(f"{spec.path}/tokenizer.json")
+    tokenizer.no_padding()
+    tokenizer.enable_truncation(spec.max_length)
+    return tokenizer
+
+
+def _expected(tokenizer, texts: list[str], dim: int = 384) -> np.ndarray:
+    return np.stack([expected_embedding(encoding.ids, dim) for encoding in tokenizer.encode_batch(texts)])
+
+
+def _run(test) -> None:
+    asyncio.run(test())
+
+
+def test_embeddings_are_the_engines_pooled_output_in_float_and_base64(model_tokenizer):
+    async def test():
+        async with serving() as client:
+            floats = await (await client.post("/v1/embeddings", json={"input": TEXTS, "model": "m"})).json()
+            packed = await (await client.post("/v1/embeddings", json={"input": TEXTS, "encoding_format": "base64"}))\
+                .json()
+        expected = _expected(model_tokenizer, TEXTS)
+        got = np.array([item["embedding"] for item in floats["data"]], dtype=np.float32)
+        np.testing.assert_allclose(got, expected, atol=1e-6)
+        decoded = np.stack([np.frombuffer(base64.b64decode(item["embedding"]), "<f4") for item in packed["data"]])
+        np.testing.assert_array_equal(decoded, got)
+        tokens = sum(len(e.ids) for e in model_tokenizer.encode_batch(TEXTS))
+        assert floats["usage"] == {"prompt_tokens": tokens, "total_tokens": tokens, "truncated_inputs": 0}
+
+    _run(test)
+
+
+def test_a_lone_short_text_tokenized_in_the_front_end_and_token_ids_give_the_same(model_tokenizer):
+    async def test():
+        async with serving() as client:
+            alone = await (await client.post("/v1/embeddings", json={"input": TEXTS[0]})).json()
+            ids = model_tokenizer.encode(TEXTS[0]).ids
+            from_ids = await (await client.post("/v1/embeddings", json={"input": [ids]})).json()
+        assert alone["data"][0]["embedding"] == from_ids["data"][0]["embedding"]
+        np.testing.assert_allclose(alone["data"][0]["embedding"], _expected(model_tokenizer, TEXTS[:1])[0], atol=1e-6)
+
+    _run(test)
+
+
+def test_a_request_that_does_not_fit_the_queue_is_refused_at_once_and_slots_come_back():
+    launcher = ThreadLauncher()
+
+    async def test():
+        async with serving(launcher, max_queued_items=4) as client:
+            launcher.gate.clear()  # the engine holds every pass
+            held = asyncio.ensure_future(client.post("/v1/embeddings", json={"input": ["one", "two", "three"]}))
+            await asyncio.sleep(0.2)
+            refused = await client.post("/v1/embeddings", json={"input": ["four", "five"]})
+            assert refused.status == 429 and refused.headers["Retry-After"] == "1"
+            assert (await refused.json())["error"]["code"] == "overloaded"
+            launcher.gate.set()
+            assert (await held).status == 200
+            assert (await client.post("/v1/embeddings", json={"input": ["a", "b", "c", "d"]})).status == 200
+            stats = (await (await client.get("/v1/models")).json())["data"][0]["stats"]
+            assert stats["queue_absolute"] == 0
+
+    _run(test)
+
+
+def test_a_dead_inference_child_fails_what_it_held_with_503_and_is_restarted():
+    launcher = ThreadLauncher()
+
+    async def test():
+        async with serving(launcher) as client:
+            launcher.gate.clear()
+            held = asyncio.ensure_future(client.post("/v1/embeddings", json={"input": ["held", "by the child"]}))
+            await asyncio.sleep(0.2)
+            launcher.processes["inference-cpu"].kill()
+            answer = await held
+            assert answer.status == 503
+            assert (await answer.json())["error"]["code"] == "worker_died"
+            launcher.gate.set()
+            for _ in range(300):  # restarted after 0.5 s
+                if (await client.get("/health")).status == 200:
+                    break
+                await asyncio.sleep(0.01)
+            assert (await client.post("/v1/embeddings", json={"input": ["after the restart", "two"]})).status == 200
+
+    _run(test)
+
+
+def test_an_input_the_model_cannot_take_is_a_422_from_its_tokenizer():
+    async def test():
+        async with serving(model=ModelConfig(name="m", engine="torch", truncate=False)) as client:
+            answer = await client.post("/v1/embeddings", json={"input": [[5] * 10_000]})
+            assert answer.status == 422, await answer.text()
+            assert (await answer.json())["error"]["param"] == "input"
+
+    _run(test)
+
+
+def test_a_client_that_goes_away_leaves_no_slot_taken():
+    launcher = ThreadLauncher()
+
+    async def test():
+        async with serving(launcher) as client:
+            launcher.gate.clear()
+            gone = asyncio.ensure_future(client.post("/v1/embeddings", json={"input": ["going", "away"]}))
+            await asyncio.sleep(0.2)
+            gone.cancel()
+            await asyncio.sleep(0.1)
+            launcher.gate.set()
+            for _ in range(100):
+                stats = (await (await client.get("/v1/models")).json())["data"][0]["stats"]
+                if stats["queue_absolute"] == 0:
+                    break
+                await asyncio.sleep(0.01)
+            assert stats["queue_absolute"] == 0
+
+    _run(test)
