@@ -89,10 +89,10 @@ def _dtype(model: ModelConfig) -> str:
 def _engine(model: ModelConfig, kind: str, transformer_dir: Path) -> str:
     """`engine = "auto"`: on CPUs at float32 or int8, CTranslate2 for the families it
     converts, else ONNX Runtime (any encoder torch exports), each only if its extra is
-    installed; torch for everything else (GPUs, other dtypes, `compile`). Measured here on
-    all-MiniLM-L6-v2, 2 cores, in our server (bench/RESULTS.md, "Engines"): CTranslate2
-    beats ONNX Runtime, which beats torch, at every load. If the chosen engine cannot load
-    the model, the inference process falls back to torch."""
+    installed; torch for everything else (GPUs, other dtypes, `compile`): the order in
+    which they served the default model on CPUs at every load (bench/RESULTS.md,
+    "Engines"). If the chosen engine cannot load the model, the inference process falls
+    back to torch."""
     if model.engine != "auto":
         return model.engine
     on_cpus = all(devices.is_cpu(d) for d in model.devices)

@@ -42,7 +42,7 @@ log = logging.getLogger(__name__)
 _STOP_TIMEOUT_S = 10.0
 # A request of one text up to this long (or one token-id sequence) is tokenized in the
 # front end: that costs it about what sending it to a tokenizer process and reading the
-# answer back does, and saves the request two process hops (about 0.7 ms; bench/RESULTS.md).
+# answer back does, and saves the request two process hops.
 INLINE_MAX_CHARS = 256
 
 

@@ -91,10 +91,9 @@ def _warm_up(model: LoadedModel, max_length: int) -> tuple[float, float]:
     compute, and what a padding token costs against a token. Timing one short input, four
     long ones and one long with fifteen short fits time = fixed + per_token x (tokens +
     weight x padding). The mixed batch has 16 rows because what padding costs depends on
-    the batch: CTranslate2 float32 skips most of it in batches of up to 8 rows (a weight of
-    0.1) but not in 12 to 17 (0.55), and the scheduler must not merge long and short
-    inputs where that is dear (bench/RESULTS.md, "The engine's ceiling as the engines
-    issue measures it")."""
+    the batch: CTranslate2 float32 skips most of it in small batches but not in mid-size
+    ones, and the scheduler must not merge long and short inputs where that is dear
+    (bench/RESULTS.md, "The engine's ceiling as the engines issue measures it")."""
     engine = model.engine
 
     def forward(lengths: list[int], wide: bool = False) -> Callable[[], object]:

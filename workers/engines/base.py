@@ -61,9 +61,8 @@ def pad_id(spec: ModelSpec) -> int:
 
 # A wide pass needs a second copy of the weights, set to use every thread; it is made for
 # models up to this size only, and kept only if it takes at most this share of a one-lane
-# pass. Measured here (2 cores, default model, inputs of 16 and 64 tokens): 0.67 for
-# CTranslate2 float32, 0.78 ONNX Runtime float32, 0.74-0.89 ONNX Runtime int8
-# (borderline), 1.5 CTranslate2 int8.
+# pass: some engines' wide passes pay, some are borderline, some lose (bench/RESULTS.md,
+# "Figures behind the code's choices").
 WIDE_COPY_MAX_BYTES = 512 * 2**20
 WIDE_COPY_MAX_TIME = 0.85
 WIDE_COPY_TRIES = 3
@@ -80,8 +79,7 @@ def wide_copy_pays(engine: Engine, max_length: int) -> bool:
     """Whether the engine's wide passes over one input of 16 and of 64 tokens take under
     `WIDE_COPY_MAX_TIME` of one-lane passes, measured as the server runs them: with one
     torch thread (`workers.engines.set_torch_threads`). They need not: CTranslate2 at int8
-    takes 5.4 against 0.9 ms for one sentence on 2 threads rather than 1
-    (bench/RESULTS.md, "Lanes"). A wide pass suffers most from a core that is busy
+    is slower on 2 threads than on 1 (bench/RESULTS.md, "Lanes"). A wide pass suffers most from a core that is busy
     elsewhere (at a server's start, the tokenizer processes loading their models), so a
     copy that does not pay is measured again after a pause, `WIDE_COPY_TRIES` times in
     all, keeping the best time of each pass."""

@@ -83,8 +83,8 @@ class CTranslate2Engine:
         folder, _ = converted_model(spec)
         device, index = devices.ctranslate2_device(spec.device)
         # On the CPU, one single-threaded replica per core (sharing the weights), a lane
-        # each: measured on all-MiniLM-L6-v2, 2 cores, batches of 32 sorted by length,
-        # 276-304 against 234-239 sentences/s for one replica on 2 threads.
+        # each: more sentences/s than one replica on every thread (bench/RESULTS.md,
+        # "Figures behind the code's choices").
         self.lanes = threads if device == "cpu" else 1
         self._encoder = ctranslate2.Encoder(str(folder), device=device, device_index=index,
                                             compute_type=COMPUTE_TYPES[spec.dtype],

@@ -84,7 +84,7 @@ def _export(spec: ModelSpec, output: RawOutput, path: Path) -> None:
 
     model_class = AutoModelForSequenceClassification if output is RawOutput.SEQUENCE_LOGITS else AutoModel
     # Eager attention exports to plain MatMul/Softmax, which onnxruntime fuses better than
-    # the exported SDPA (measured: about 10% more sentences/s on the CPU).
+    # the exported SDPA.
     model = model_class.from_pretrained(spec.path, dtype=torch.float32, attn_implementation="eager").eval()
     names = ["input_ids", "attention_mask"] + (["token_type_ids"] if _takes_token_types(model) else [])
     # A padded sample with batch and length above 1, so neither axis is specialised and the
@@ -126,9 +126,8 @@ def _optimise(spec: ModelSpec, config: object, exported: Path, path: Path, exter
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     # Weights per output channel; the feed-forward output projections stay in float32:
-    # their inputs (GELU outputs) have outliers that per-tensor 8-bit activations clip.
-    # Measured on all-MiniLM-L6-v2, cosine to float32 on 200 benchmark sentences: mean
-    # 0.995, min 0.989 (0.991 / 0.985 quantising those projections too).
+    # their inputs (GELU outputs) have outliers that per-tensor 8-bit activations clip
+    # (the fidelity either way: bench/RESULTS.md, "Figures behind the code's choices").
     producers = {out: node for node in graph.model.graph.node for out in node.output}
     after_gelu = [node.name for node in graph.model.graph.node if node.op_type == "MatMul"
                   and "Gelu" in getattr(producers.get(node.input[0]), "op_type", "")]
@@ -171,8 +170,7 @@ def _session(folder: Path, device: str, threads: int) -> object:
     options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
     options.log_severity_level = 3
     # Idle threads must not spin: on a small machine they would take the cores the front
-    # end and tokenizers need (measured: 149 against 213 sentences/s for 32-text requests
-    # at concurrency 8 on 2 cores).
+    # end and tokenizers need.
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     return onnxruntime.InferenceSession(str(folder / GRAPH), options, providers=providers(device))
 
@@ -187,8 +185,8 @@ class OnnxEngine:
             raise ValueError("the onnx engine runs float16 on CUDA only; use float32 or int8 on the CPU")
         folder, _ = exported_model(spec, output)
         on_cpu = devices.is_cpu(spec.device)
-        # On the CPU, single-threaded runs of the session at once, a lane each: measured 247
-        # against 225 sentences/s for one run on 2 threads.
+        # On the CPU, single-threaded runs of the session at once, a lane each: more
+        # sentences/s than one run on every thread.
         self.lanes = threads if on_cpu else 1
         self._session = _session(folder, spec.device, 1 if on_cpu else threads)
         self._wide = _session(folder, spec.device, threads) if wants_wide_copy(folder, self.lanes) else None
