@@ -23,7 +23,7 @@ from msgspec import Struct
 from infinity import openapi
 from infinity.config import Config
 from infinity.connections import BODY, track_request
-from infinity.errors import APIError, error_response
+from infinity.errors import APIError, ServingError, error_response, from_kind
 from infinity.pipeline import Pipeline, StartupError
 from infinity.routes import ROUTES, Route
 from infinity.routes.common import CONFIG, PIPELINE
@@ -102,6 +102,8 @@ async def _json_errors(request: web.Request, handler: Handler) -> web.StreamResp
         return await handler(request)
     except APIError as exc:
         return error_response(exc)
+    except ServingError as exc:
+        return error_response(from_kind(exc))
     except web.HTTPException as exc:
         if exc.status < 400:
             raise

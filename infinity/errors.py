@@ -1,5 +1,5 @@
 """The one error shape every response uses: OpenAI's `{"error": {...}}`, and the one
-place where a kind of error reported by a child becomes an HTTP status."""
+place where a kind of error (from a child or the engine client) becomes an HTTP status."""
 
 from __future__ import annotations
 
@@ -37,16 +37,36 @@ class APIError(Exception):
         self.headers = headers or {}
 
 
-# The status a client gets for each kind of failure a child reports.
+class ServingError(Exception):
+    """A request the server could not serve, for a reason of `kind` (raised below the
+    routes, which know no HTTP)."""
+
+    def __init__(self, kind: ErrorKind, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.message = message
+        self.param = param
+
+
+# What a client is answered for each kind: the status, and whether to retry after a second.
 KIND_STATUS = {
     ErrorKind.INVALID_INPUT: 422,
     ErrorKind.INTERNAL: 500,
+    ErrorKind.OVERLOADED: 429,
+    ErrorKind.MODEL_NOT_READY: 503,
+    ErrorKind.NOT_READY: 503,
+    ErrorKind.WORKER_DIED: 503,
+    ErrorKind.SHUTTING_DOWN: 503,
 }
+_RETRY_LATER = {ErrorKind.OVERLOADED, ErrorKind.MODEL_NOT_READY, ErrorKind.NOT_READY, ErrorKind.WORKER_DIED}
 
 
-def from_kind(kind: ErrorKind, message: str, param: str | None = None) -> APIError:
-    """The client's answer to a child's report of `kind`."""
-    return APIError(KIND_STATUS[kind], message, param=param)
+def from_kind(error: ServingError) -> APIError:
+    """The client's answer to a request that failed for `error.kind`."""
+    kind = error.kind
+    code = None if kind in (ErrorKind.INVALID_INPUT, ErrorKind.INTERNAL) else kind.value
+    return APIError(KIND_STATUS[kind], error.message, param=error.param, code=code,
+                    headers={"Retry-After": "1"} if kind in _RETRY_LATER else None)
 
 
 class ErrorDetail(msgspec.Struct):

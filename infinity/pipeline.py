@@ -25,7 +25,7 @@ import numpy as np
 import zmq
 
 from infinity.config import ServerConfig
-from infinity.errors import APIError, from_kind
+from infinity.errors import ServingError
 from infinity.schemas import ModelInputs
 from infinity.shared import protocol, shm
 from infinity.shared.protocol import ModelSpec
@@ -171,16 +171,15 @@ class Pipeline:
     async def run(self, model: ServedModel, inputs: ModelInputs) -> Result:
         """Run one request through the pipeline; the caller must `release` the result."""
         if self._stopping:
-            raise APIError(503, "the server is shutting down", code="shutting_down")
+            raise ServingError(protocol.ErrorKind.SHUTTING_DOWN, "the server is shutting down")
         if not model.ready:
-            raise APIError(503, f"model '{model.spec.name}' is not ready yet; retry shortly",
-                           code="model_not_ready", headers={"Retry-After": "1"})
+            raise ServingError(protocol.ErrorKind.MODEL_NOT_READY, f"model '{model.spec.name}' is not ready yet; retry shortly")
         inline = self._inline.get(model.spec.name) if _small(inputs) else None
         tokenizer = None if inline is not None else self._pick_tokenizer()
         slots = model.pool.take(len(inputs))
         if slots is None:
-            raise APIError(429, f"model '{model.spec.name}' has {model.pool.capacity - model.pool.free} inputs "
-                                "queued, its limit; retry later", code="overloaded", headers={"Retry-After": "1"})
+            raise ServingError(protocol.ErrorKind.OVERLOADED, f"model '{model.spec.name}' has "
+                               f"{model.pool.capacity - model.pool.free} inputs queued, its limit; retry later")
         self._next_id += 1
         limit = model.spec.max_input_chars
         request = protocol.Tokenize(self._next_id, model.spec.name, _within(inputs.texts, limit), inputs.token_ids,
@@ -206,8 +205,7 @@ class Pipeline:
     def _pick_tokenizer(self) -> Child:
         ready = [child for child in self.tokenizers if child.ready]
         if not ready:
-            raise APIError(503, "no tokenizer process is ready; retry shortly", code="not_ready",
-                           headers={"Retry-After": "1"})
+            raise ServingError(protocol.ErrorKind.NOT_READY, "no tokenizer process is ready; retry shortly")
         return min(ready, key=lambda child: self._outstanding[child.name])
 
     def _abandon(self, pending: _Pending) -> None:
@@ -260,8 +258,8 @@ class Pipeline:
             return
         replica = model.pick()
         if replica is None:
-            self._finish(pending, APIError(503, f"model '{model.spec.name}' is restarting; retry shortly",
-                                           code="model_not_ready", headers={"Retry-After": "1"}))
+            self._finish(pending, ServingError(protocol.ErrorKind.MODEL_NOT_READY,
+                                               f"model '{model.spec.name}' is restarting; retry shortly"))
             return
         pending.prompt_tokens = sum(message.lengths)
         pending.truncated = message.truncated
@@ -290,9 +288,9 @@ class Pipeline:
             return
         if pending.holder in self.tokenizers:
             self._outstanding[pending.holder.name] -= 1
-        self._finish(pending, from_kind(message.kind, message.message, message.param))
+        self._finish(pending, ServingError(message.kind, message.message, message.param))
 
-    def _finish(self, pending: _Pending, error: APIError | None) -> None:
+    def _finish(self, pending: _Pending, error: ServingError | None) -> None:
         """End a request with an error (None: its client is gone); no process holds it,
         so its slots are free."""
         self._take(pending.request_id)
@@ -315,8 +313,8 @@ class Pipeline:
         code = child.process.exitcode if child.process is not None else None
         held = [p for p in self._pending.values() if p.holder is child]
         for pending in held:
-            self._finish(pending, APIError(503, f"the {child.name} process stopped while serving this "
-                                                "request; retry", code="worker_died", headers={"Retry-After": "1"}))
+            self._finish(pending, ServingError(protocol.ErrorKind.WORKER_DIED,
+                                               f"the {child.name} process stopped while serving this request; retry"))
         if self._stopping:
             return
         for model in self.models.values():
@@ -345,7 +343,7 @@ class Pipeline:
         for child in self.children:
             child.close_socket()
         for pending in list(self._pending.values()):
-            self._finish(pending, APIError(503, "the server is shutting down", code="shutting_down"))
+            self._finish(pending, ServingError(protocol.ErrorKind.SHUTTING_DOWN, "the server is shutting down"))
         asyncio.get_running_loop().remove_reader(self._inbox.getsockopt(zmq.FD))
         self._inbox.close(linger=0)
         self._context.term()

@@ -123,11 +123,17 @@ class Done(msgspec.Struct, tag=True, array_like=True):
 
 
 class ErrorKind(enum.StrEnum):
-    """What went wrong in a child, as the front end learns it (it alone decides what a
-    client is answered, in `infinity.errors`)."""
+    """Why a request failed: the first two a child reports in `Failed`, the others the
+    front end's engine client finds. Only the front end's edge (`infinity.errors`) turns a
+    kind into what the client is answered."""
 
     INVALID_INPUT = "invalid_input"  # a client's input the model cannot take
-    INTERNAL = "internal"  # the child failed on a valid input
+    INTERNAL = "internal"  # a child failed on a valid input
+    OVERLOADED = "overloaded"  # the model's queue cannot hold the request
+    MODEL_NOT_READY = "model_not_ready"  # no replica of the model is ready (loading, restarting)
+    NOT_READY = "not_ready"  # no tokenizer process is ready
+    WORKER_DIED = "worker_died"  # the child holding the request stopped
+    SHUTTING_DOWN = "shutting_down"
 
 
 class Failed(msgspec.Struct, tag=True, array_like=True):

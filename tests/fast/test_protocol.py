@@ -164,9 +164,14 @@ def test_a_cut_string_is_a_prefix_wherever_the_cut_falls():
     assert cuts == 2000  # every cut decodes (none falls back to keeping the whole text)
 
 
-def test_every_kind_of_child_error_has_a_client_status():
-    from infinity.errors import KIND_STATUS, from_kind
+def test_every_kind_of_error_has_a_client_answer():
+    from infinity.errors import KIND_STATUS, ServingError, from_kind
 
     assert set(KIND_STATUS) == set(protocol.ErrorKind)
-    assert from_kind(protocol.ErrorKind.INVALID_INPUT, "too long", "input").status == 422
-    assert from_kind(protocol.ErrorKind.INTERNAL, "boom").status == 500
+    invalid = from_kind(ServingError(protocol.ErrorKind.INVALID_INPUT, "too long", "input"))
+    assert (invalid.status, invalid.param, invalid.headers) == (422, "input", {})
+    assert from_kind(ServingError(protocol.ErrorKind.INTERNAL, "boom")).status == 500
+    overloaded = from_kind(ServingError(protocol.ErrorKind.OVERLOADED, "full"))
+    assert (overloaded.status, overloaded.code, overloaded.headers) == (429, "overloaded", {"Retry-After": "1"})
+    died = from_kind(ServingError(protocol.ErrorKind.WORKER_DIED, "gone"))
+    assert (died.status, died.code, died.headers) == (503, "worker_died", {"Retry-After": "1"})
