@@ -46,7 +46,9 @@ def resolve_model(model: ModelConfig) -> ModelSpec:
         raise ConfigError(f"model '{model.name}': no config.json in {transformer_dir}")
     pooling = model.pooling or _pooling_from_folder(folder, modules) or "mean"
     normalize = model.normalize if model.normalize is not None else ("Normalize" in modules or not modules)
-    kind = _detect_kind(transformer_dir) if model.kind == "auto" else model.kind
+    kind = _detect_kind(transformer_dir, modules) if model.kind == "auto" else model.kind
+    if kind == "multivector":
+        _check_multivector(folder, modules)
     return ModelSpec(
         name=model.name,
         kind=kind,
@@ -64,13 +66,17 @@ def resolve_model(model: ModelConfig) -> ModelSpec:
         max_batch_tokens=model.max_batch_tokens,
         max_batch_size=model.max_batch_size,
         compile=model.compile,
+        projection=str(folder / modules["Dense"]) if kind == "multivector" and "Dense" in modules else None,
     )
 
 
-def _detect_kind(transformer_dir: Path) -> str:
-    """A sequence-classification head with one label reranks, with several it classifies
+def _detect_kind(transformer_dir: Path, modules: dict[str, str]) -> str:
+    """A sentence-transformers MultiVectorEncoder folder gives a vector per token; a
+    sequence-classification head with one label reranks, with several it classifies
     (whether saved by transformers or by sentence-transformers' CrossEncoder); any other
     encoder embeds."""
+    if "MultiVectorMask" in modules:
+        return "multivector"
     config = json.loads((transformer_dir / "config.json").read_text())
     if any(a.endswith("ForSequenceClassification") for a in config.get("architectures") or []):
         return "rerank" if num_labels(config) == 1 else "classify"
@@ -163,10 +169,34 @@ def _sentence_transformers_modules(folder: Path) -> dict[str, str]:
     modules = {}
     for entry in json.loads(path.read_text()):
         kind = entry["type"].rsplit(".", 1)[-1]
-        if kind not in ("Transformer", "Pooling", "Normalize"):
+        if kind not in ("Transformer", "Pooling", "Normalize", "Dense", "MultiVectorMask"):
             raise ConfigError(f"{folder}: sentence-transformers module {entry['type']} is not supported")
         modules[kind] = entry.get("path", "")
     return modules
+
+
+def _check_multivector(folder: Path, modules: dict[str, str]) -> None:
+    """Refuse what a multi-vector folder may ask that is not served yet, rather than give
+    vectors that differ from the model's own: query expansion, prompts, a skiplist, an
+    allowlist of token ids, a projection with an activation."""
+    name = folder.name
+    settings = {}
+    for file in ("sentence_bert_config.json", "config_sentence_transformers.json"):
+        path = folder / modules.get("Transformer", "") / file if file == "sentence_bert_config.json" else folder / file
+        if path.is_file():
+            settings.update(json.loads(path.read_text()))
+    if settings.get("query_expansion") or settings.get("query_length") or settings.get("document_length"):
+        raise ConfigError(f"model '{name}': query expansion and per-task lengths are not served yet")
+    if any(settings.get("prompts", {}).values()):
+        raise ConfigError(f"model '{name}': query and document prompts are not served yet")
+    if "MultiVectorMask" in modules:
+        mask = json.loads((folder / modules["MultiVectorMask"] / "config.json").read_text())
+        if mask.get("skiplist_words") or mask.get("keep_only_token_ids"):
+            raise ConfigError(f"model '{name}': a skiplist or an allowlist of token ids is not served yet")
+    if "Dense" in modules:
+        dense = json.loads((folder / modules["Dense"] / "config.json").read_text())
+        if not dense.get("activation_function", "Identity").endswith("Identity"):
+            raise ConfigError(f"model '{name}': a projection with an activation is not served yet")
 
 
 def _pooling_from_folder(folder: Path, modules: dict[str, str]) -> str | None:

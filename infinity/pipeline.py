@@ -73,6 +73,7 @@ class Result:
     slots: list[int]
     prompt_tokens: int
     truncated: int
+    ragged: dict[int, np.ndarray] | None = None  # outputs that vary in size, by slot (not in the arena)
     _released: bool = field(default=False, repr=False)
 
     @property
@@ -86,9 +87,10 @@ class Result:
         return self.model.info.labels
 
     def rows(self) -> Iterator[np.ndarray]:
-        """Each input's vector, in input order, as a view into shared memory."""
+        """Each input's output, in input order: a vector as a view into shared memory, or
+        the array of a model whose outputs vary in size."""
         for slot in self.slots:
-            yield self.arena.rows[slot]
+            yield self.arena.rows[slot] if self.ragged is None else self.ragged[slot]
 
     def release(self) -> None:
         if not self._released:
@@ -224,8 +226,10 @@ class Pipeline:
             message = protocol.decode(self._inbox.recv(zmq.NOBLOCK))
             try:
                 self._handlers[type(message)](message)
-            except Exception:
+            except Exception as exc:
                 log.exception("handling %s failed", type(message).__name__)
+                if self._started is not None and not self._started.done():
+                    self._started.set_exception(StartupError(f"handling {type(message).__name__} failed: {exc}"))
 
     def _child(self, name: str) -> Child:
         return next(child for child in self.children if child.name == name)
@@ -279,8 +283,9 @@ class Pipeline:
         replica = pending.replica
         assert replica is not None and replica.arena is not None
         replica.served += len(pending.slots)
+        ragged = None if message.outputs is None else _by_slot(message.outputs)
         pending.future.set_result(Result(pending.model, replica.arena, pending.slots,
-                                         pending.prompt_tokens, pending.truncated))
+                                         pending.prompt_tokens, pending.truncated, ragged))
 
     def _on_failed(self, message: protocol.Failed) -> None:
         pending = self._pending.get(message.request_id)
@@ -366,3 +371,15 @@ def _within(texts: list[str] | None, limit: int) -> list[str] | None:
     if texts is None or all(len(text) <= limit for text in texts):
         return texts
     return [text[:limit + 1] for text in texts]
+
+
+def _by_slot(outputs: protocol.Ragged) -> dict[int, np.ndarray]:
+    """The arrays of a `Ragged` message part, by slot."""
+    dtype = np.dtype(outputs.dtype)
+    data = np.frombuffer(outputs.data, dtype=dtype)
+    arrays, start = {}, 0
+    for slot, shape in zip(outputs.slots, outputs.shapes):
+        size = int(np.prod(shape))
+        arrays[slot] = data[start:start + size].reshape(shape)
+        start += size
+    return arrays

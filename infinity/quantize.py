@@ -21,7 +21,9 @@ and re-normalised when a request asks for fewer dimensions):
 
 With base64, each row is the base64 (standard alphabet, padded) of its raw little-endian
 bytes: four per value (IEEE float32) for `float`, one per value for the other types
-(int8 and binary as two's complement).
+(int8 and binary as two's complement). A multi-vector input's matrix (a row per token)
+is encoded row by row the same way, and with base64 as one string of all its rows' bytes
+in order (row-major).
 """
 
 from __future__ import annotations
@@ -73,4 +75,14 @@ def encode(rows: np.ndarray, embedding_type: EmbeddingType,
     values = QUANTIZERS[embedding_type](rows)
     if as_base64:
         return [base64.b64encode(row.tobytes()).decode() for row in values]
+    return values.tolist()
+
+
+def encode_matrix(matrix: np.ndarray, embedding_type: EmbeddingType,
+                  as_base64: bool = False) -> list[list[float]] | list[list[int]] | str:
+    """A multi-vector input's (n_tokens, dim) matrix as the JSON value of `embedding_type`:
+    a list of rows, or with `as_base64` the base64 string of all its rows' bytes."""
+    values = QUANTIZERS[embedding_type](matrix)
+    if as_base64:
+        return base64.b64encode(np.ascontiguousarray(values).tobytes()).decode()
     return values.tolist()

@@ -119,8 +119,9 @@ class Usage(Struct):
 
 
 # A list of numbers (floats, or integers for the quantised types), or with base64 the
-# base64 of the row's raw little-endian bytes.
-Embedding = list[float] | str
+# base64 of the row's raw little-endian bytes; for a multi-vector model, a list of such
+# lists (one per token), or the base64 of all the rows' bytes in order.
+Embedding = list[float | list[float]] | str
 
 
 class EmbeddingData(Struct, kw_only=True):
@@ -128,6 +129,7 @@ class EmbeddingData(Struct, kw_only=True):
     index: int
     embedding: Embedding | UnsetType = UNSET  # with one output type
     embeddings: dict[str, Embedding] | UnsetType = UNSET  # with `embedding_types`: by type
+    shape: list[int] | UnsetType = UNSET  # a multi-vector model's [n_tokens, dim]
 
 
 class EmbeddingResponse(Struct, kw_only=True):
@@ -220,7 +222,7 @@ class ModelCard(Struct, kw_only=True):
     object: Literal["model"] = "model"
     owned_by: Literal["infinity"] = "infinity"
     created: int
-    kind: Literal["embed", "rerank", "classify"]
+    kind: Literal["embed", "rerank", "classify", "multivector"]
     capabilities: list[str]
     backend: str  # the engine of the first replica that loaded
     stats: ModelStats

@@ -38,7 +38,7 @@ class Replica:
     def attach(self, info: protocol.ModelInfo) -> None:
         """Map the arena a (re)started inference child created for this model."""
         self.info = info
-        self.arena = shm.Arena(info.arena, info.slots, info.dim, create=False)
+        self.arena = shm.Arena(info.arena, info.slots, 0 if info.ragged else info.dim, create=False)
 
 
 class ServedModel:

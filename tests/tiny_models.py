@@ -190,3 +190,17 @@ def save_tiny_family_model(folder: Path, family: str, num_labels: int = 0, seed:
     model_class = AutoModelForSequenceClassification if num_labels else AutoModel
     model_class.from_config(config).eval().save_pretrained(folder)
     return folder
+
+
+# --- multi-vector (ColBERT-style) --------------------------------------------------------------
+
+def save_tiny_multivector(folder: Path, seed: int = 0) -> Path:
+    """sentence-transformers' own MultiVectorEncoder over a tiny BERT (Transformer ->
+    Dense 32 -> 128 without bias -> MultiVectorMask -> Normalize), saved by it; the Dense
+    layer starts random, so the saved folder is what is served and compared."""
+    from sentence_transformers import MultiVectorEncoder
+
+    torch.manual_seed(seed)
+    encoder = MultiVectorEncoder(str(save_tiny_bert(folder.with_name(folder.name + "-bert"), seed)))
+    encoder.save(str(folder))
+    return folder

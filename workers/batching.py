@@ -48,6 +48,8 @@ class PendingRequest:
     remaining: int
     cancelled: bool = False
     error: str | None = None  # why it failed; it is reported once none of its inputs runs
+    # The outputs of a model whose outputs vary in size, by slot, until all are computed.
+    outputs: dict[int, np.ndarray] = field(default_factory=dict)
 
 
 @dataclass(eq=False)

@@ -50,8 +50,10 @@ def serve(args: protocol.WorkerArgs, context: zmq.Context, inbox: zmq.Socket, to
         models = {spec.name: load(spec, args.threads) for spec in args.models}
         set_torch_threads([model.engine for model in models.values()], args.threads)
         costs = {spec.name: _warm_up(models[spec.name], spec.max_length) for spec in args.models}
+        # A model whose outputs vary in size sends them with `Done`: its arena is empty.
         arenas = {spec.name: Arena(_arena_name(args, spec.name), args.arena_slots,
-                                   models[spec.name].head.dim, create=True) for spec in args.models}
+                                   0 if models[spec.name].head.ragged else models[spec.name].head.dim, create=True)
+                  for spec in args.models}
     except devices.DeviceUnavailable as exc:  # a configuration error: no traceback
         to_front.send(protocol.encode(protocol.StartupFailed(args.name, str(exc))))
         return
@@ -72,7 +74,8 @@ def serve(args: protocol.WorkerArgs, context: zmq.Context, inbox: zmq.Socket, to
                          name=f"lane-{lane}").start()
     infos = [protocol.ModelInfo(spec.name, spec.kind, models[spec.name].head.dim, spec.max_length,
                                 models[spec.name].head.labels, models[spec.name].head.activation,
-                                arenas[spec.name].name, args.arena_slots, models[spec.name].engine.name)
+                                arenas[spec.name].name, args.arena_slots, models[spec.name].engine.name,
+                                models[spec.name].head.ragged)
              for spec in args.models]
     sender.send(protocol.Ready(args.name, os.getpid(), infos))
     _serve(models, arenas, scheduler, sender)  # until SIGTERM
@@ -152,13 +155,25 @@ def _run(batch: Batch, model: LoadedModel, arena: Arena, scheduler: Scheduler, s
         log.exception("forward pass failed for a batch of %d", len(batch.items))
         finished = scheduler.finish(batch, error=f"inference failed: {exc}")
     else:
-        arena.rows[[item.slot for item in batch.items]] = vectors
+        if model.head.ragged:
+            for item, output in zip(batch.items, vectors):
+                item.request.outputs[item.slot] = output
+        else:
+            arena.rows[[item.slot for item in batch.items]] = vectors
         finished = scheduler.finish(batch)
     for request in finished:
         if request.error is not None:
             sender.send(protocol.Failed(request.request_id, protocol.ErrorKind.INTERNAL, request.error))
         else:
-            sender.send(protocol.Done(request.request_id, request.cancelled))
+            outputs = _ragged(request.outputs) if request.outputs and not request.cancelled else None
+            sender.send(protocol.Done(request.request_id, request.cancelled, outputs))
+
+
+def _ragged(outputs: dict[int, np.ndarray]) -> protocol.Ragged:
+    """A request's variable-size outputs, by slot, as one message part."""
+    arrays = list(outputs.values())
+    return protocol.Ragged(list(outputs), arrays[0].dtype.str, [list(array.shape) for array in arrays],
+                           b"".join(np.ascontiguousarray(array).tobytes() for array in arrays))
 
 
 def _guarded(target: Callable[..., None], *args: object) -> None:

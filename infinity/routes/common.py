@@ -25,7 +25,8 @@ MODEL_ERRORS = (400, 404, 408, 413, 415, 422, 429, 503)
 # The model name infinity's generated client sends when its caller names none.
 UNNAMED_MODEL = "default/not-specified"
 # The route that serves each model kind.
-KIND_ROUTES = {"embed": "/v1/embeddings", "rerank": "/v1/rerank", "classify": "/v1/classify"}
+KIND_ROUTES = {"embed": "/v1/embeddings", "multivector": "/v1/embeddings", "rerank": "/v1/rerank",
+               "classify": "/v1/classify"}
 
 
 @dataclass(frozen=True)
@@ -37,21 +38,22 @@ class Route:
     serve: Callable[[web.Request, Any], Awaitable[Struct]]
 
 
-def served_model(request: web.Request, name: str | None, kind: str) -> ServedModel:
-    """The model a request names, which must be of `kind`; without a name, the only
-    model of that kind."""
+def served_model(request: web.Request, name: str | None, kind: str, *other_kinds: str) -> ServedModel:
+    """The model a request names, which must be of `kind` (or one of `other_kinds`);
+    without a name, the only model of those kinds."""
     models = request.app[PIPELINE].models
+    kinds = (kind, *other_kinds)
     if name is None or name == UNNAMED_MODEL:
-        of_kind = [m for m in models.values() if m.spec.kind == kind]
+        of_kind = [m for m in models.values() if m.spec.kind in kinds]
         if len(of_kind) == 1:
             return of_kind[0]
-        raise APIError(422, f"model is required: this server serves {len(of_kind)} models of kind '{kind}'",
-                       param="model")
+        raise APIError(422, f"model is required: this server serves {len(of_kind)} models of kind "
+                            f"{' or '.join(repr(k) for k in kinds)}", param="model")
     model = models.get(name)
     if model is None:
         raise APIError(404, f"model '{name}' is not served here; served models: {', '.join(models)}",
                        param="model", code="model_not_found")
-    if model.spec.kind != kind:
+    if model.spec.kind not in kinds:
         raise APIError(400, f"model '{name}' is of kind '{model.spec.kind}'; it serves "
                             f"POST {KIND_ROUTES[model.spec.kind]}, not the {kind} route", param="model",
                        code="wrong_model_kind")

@@ -11,7 +11,7 @@ from aiohttp import web
 from infinity import openapi
 from infinity.errors import APIError
 from infinity.pipeline import Result
-from infinity.quantize import encode
+from infinity.quantize import EmbeddingType, encode, encode_matrix
 from infinity.routes.common import CONFIG, MODEL_ERRORS, PIPELINE, Route, max_items, served_model, usage
 from infinity.schemas import (ApiVersion, BilledUnits, CohereEmbedRequest, CohereEmbedResponse, CohereMeta,
                               EmbeddingData, EmbeddingRequest, EmbeddingResponse, InputTokens, ModelInputs,
@@ -23,8 +23,10 @@ async def embeddings(request: web.Request, body: EmbeddingRequest) -> EmbeddingR
     """OpenAI embeddings; with `embedding_types`, each item holds `embeddings` by type
     instead of `embedding`."""
     types = body.output_types(request.app[CONFIG].server.embedding_type)
-    model = served_model(request, body.model, "embed")
+    model = served_model(request, body.model, "embed", "multivector")
     inputs = text_or_token_inputs(body.input, max_items(request))
+    if model.spec.kind == "multivector":
+        return await _multivector(request, model, inputs, body, types)
     # 0 asks for every dimension, as in infinity (its generated client sends 0 by default).
     result, rows = await _embed(request, model, inputs, body.dimensions or None, "dimensions")
     encoded = {t: encode(rows, t, body.encoding_format == "base64") for t in types}
@@ -53,6 +55,28 @@ async def cohere_embed(request: web.Request, body: CohereEmbedRequest) -> Cohere
         id=uuid.uuid4().hex, embeddings=embeddings, texts=body.texts,  # type: ignore[arg-type]
         meta=CohereMeta(ApiVersion(version), BilledUnits(input_tokens=tokens), InputTokens(tokens)),
         response_type="embeddings_by_type" if by_type else "embeddings_floats")
+
+
+async def _multivector(request: web.Request, model: ServedModel, inputs: ModelInputs, body: EmbeddingRequest,
+                       types: list[EmbeddingType]) -> EmbeddingResponse:
+    """A multi-vector model's embeddings: each item a matrix (a row per token, padding
+    removed) and its `shape`."""
+    if body.dimensions:
+        raise APIError(422, f"dimensions does not apply to the multi-vector model '{model.spec.name}' (it would "
+                            "cut every token's vector); leave it out", param="dimensions")
+    result = await request.app[PIPELINE].run(model, inputs)
+    try:
+        matrices = list(result.rows())
+    finally:
+        result.release()
+    as_base64 = body.encoding_format == "base64"
+    data = []
+    for i, matrix in enumerate(matrices):
+        encoded = {t: encode_matrix(matrix, t, as_base64) for t in types}
+        data.append(EmbeddingData(index=i, shape=list(matrix.shape),
+                                  **({"embedding": encoded[types[0]]} if body.embedding_types is None
+                                     else {"embeddings": encoded})))
+    return EmbeddingResponse(data=data, model=model.spec.name, usage=usage(result))
 
 
 async def _embed(request: web.Request, model: ServedModel, inputs: ModelInputs, dimensions: int | None,

@@ -26,7 +26,7 @@ class ModelSpec(msgspec.Struct, frozen=True):
     one replica: a model on several devices has one spec per device, alike but for `device`."""
 
     name: str
-    kind: str  # "embed", "rerank" or "classify"
+    kind: str  # "embed", "rerank", "classify" or "multivector"
     path: str  # folder with config.json, weights and the tokenizer
     device: str  # normalised: "cpu", "cpu:1", "cuda:0", "rocm:0", "mps" (infinity/shared/devices.py)
     engine: str
@@ -42,6 +42,9 @@ class ModelSpec(msgspec.Struct, frozen=True):
     max_batch_tokens: int
     max_batch_size: int
     compile: bool  # torch.compile the torch engine's forward
+    # A multi-vector model's projection of token states: the folder of its
+    # sentence-transformers Dense module (None: the token states as they are).
+    projection: str | None = None
 
 
 class WorkerArgs(msgspec.Struct, frozen=True):
@@ -63,7 +66,7 @@ class ModelInfo(msgspec.Struct, frozen=True, array_like=True):
 
     name: str
     kind: str
-    dim: int  # floats per input: embedding size, 1 for a reranker, labels of a classifier
+    dim: int  # floats per input (per token if `ragged`): embedding size, 1 for a reranker, labels of a classifier
     max_length: int
     labels: list[str]  # a classifier's labels, by output index
     # "sigmoid", "softmax" or "none": what turns raw scores into relevance / probabilities
@@ -72,6 +75,8 @@ class ModelInfo(msgspec.Struct, frozen=True, array_like=True):
     arena: str
     slots: int
     engine: str  # the engine that loaded it ("auto" resolved, fallback applied)
+    # Its outputs vary in size and come with `Done` (`Ragged`); its arena holds nothing.
+    ragged: bool = False
 
 
 class Tokenize(msgspec.Struct, tag=True, array_like=True):
@@ -115,11 +120,25 @@ class Cancel(msgspec.Struct, tag=True, array_like=True):
     request_id: int
 
 
+class Ragged(msgspec.Struct, array_like=True):
+    """Outputs whose size depends on the input (a vector per token, a sparse vector), one
+    array per input, sent with `Done` rather than written to the arena: the array of the
+    input in slot `slots[i]` has shape `shapes[i]`; all are of `dtype` (numpy's string for
+    it), concatenated in C order in `data`."""
+
+    slots: list[int]
+    dtype: str
+    shapes: list[list[int]]
+    data: bytes
+
+
 class Done(msgspec.Struct, tag=True, array_like=True):
-    """Every vector of `request_id` is in its slot (or, if `cancelled`, never will be)."""
+    """Every output of `request_id` is in its slot, or in `outputs` for a model whose
+    outputs vary in size (or, if `cancelled`, never will be)."""
 
     request_id: int
     cancelled: bool = False
+    outputs: Ragged | None = None
 
 
 class ErrorKind(enum.StrEnum):

@@ -309,6 +309,8 @@ class _Engine:
 class _RawHead:
     """Returns the engine's output as it is."""
 
+    ragged = False
+
     def __call__(self, raw, attention_mask):
         return raw.numpy()
 

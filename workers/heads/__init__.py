@@ -20,6 +20,7 @@ HEADS = {
     "embed": "workers.heads.pooled:PooledEmbedding",
     "rerank": "workers.heads.scores:RelevanceScores",
     "classify": "workers.heads.scores:ClassScores",
+    "multivector": "workers.heads.multivector:TokenVectors",
 }
 
 
@@ -37,8 +38,8 @@ class LoadedModel:
 
     @torch.inference_mode()
     def forward(self, input_ids: np.ndarray, attention_mask: np.ndarray, token_type_ids: np.ndarray,
-                wide: bool = False) -> np.ndarray:
-        """(n, longest) int64 ids, mask and token segments -> (n, head.dim) float32."""
+                wide: bool = False) -> np.ndarray | list[np.ndarray]:
+        """(n, longest) int64 ids, mask and token segments -> the head's output."""
         raw = self.engine.forward(input_ids, attention_mask, token_type_ids, wide=wide)
         return self.head(raw, torch.from_numpy(attention_mask).to(raw.device))
 

@@ -16,11 +16,15 @@ class Head(Protocol):
     dim: int  # floats per input it returns
     labels: list[str]  # a classifier's labels by output index; empty for embedders
     activation: str  # "sigmoid", "softmax" or "none": applied by the front end unless raw scores are asked
+    # Whether its outputs vary in size by input: then it returns one array per input (a
+    # vector per token, say), sent to the front end with the request's `Done`; else one
+    # (n, dim) float32 array, written into the arena.
+    ragged: bool
 
     def __init__(self, spec: ModelSpec, config: dict) -> None:
         """`config`: the model's transformers config.json."""
 
-    def __call__(self, raw: torch.Tensor, attention_mask: torch.Tensor) -> np.ndarray:
+    def __call__(self, raw: torch.Tensor, attention_mask: torch.Tensor) -> np.ndarray | list[np.ndarray]:
         """The engine's raw output of a batch and its (n, longest) mask, on the same
-        device -> (n, dim) float32, one row per input."""
+        device -> (n, dim) float32, one row per input; if `ragged`, one array per input."""
         ...

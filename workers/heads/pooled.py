@@ -27,6 +27,7 @@ def pool(mode: str, hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch
 class PooledEmbedding:
     output = RawOutput.TOKEN_STATES
     activation = "none"
+    ragged = False
 
     def __init__(self, spec: ModelSpec, config: dict) -> None:
         self.dim = int(config["hidden_size"])

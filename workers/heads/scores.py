@@ -16,6 +16,7 @@ from workers.engines.base import RawOutput
 
 class ClassScores:
     output = RawOutput.SEQUENCE_LOGITS
+    ragged = False
 
     def __init__(self, spec: ModelSpec, config: dict) -> None:
         self.dim = num_labels(config)

@@ -1,0 +1,49 @@
+"""The multi-vector head (`kind = "multivector"`, ColBERT-style late interaction): every
+real token's state, projected by the model's Dense layer where it has one, L2-normalised
+if the model says so; padding rows removed, so each input gives an (n_tokens, dim)
+float32 array."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors.torch import load_file
+
+from infinity.shared.protocol import ModelSpec
+from workers.engines.base import RawOutput
+
+
+class TokenVectors:
+    output = RawOutput.TOKEN_STATES
+    activation = "none"
+    ragged = True
+
+    def __init__(self, spec: ModelSpec, config: dict) -> None:
+        self.labels: list[str] = []
+        self._projection = _projection(Path(spec.projection)) if spec.projection else None
+        self.dim = int(config["hidden_size"]) if self._projection is None else self._projection.out_features
+        self._normalize = spec.normalize
+
+    def __call__(self, raw: torch.Tensor, attention_mask: torch.Tensor) -> list[np.ndarray]:
+        states = raw.float()
+        if self._projection is not None:
+            states = self._projection.to(states.device)(states)
+        if self._normalize:
+            states = torch.nn.functional.normalize(states, p=2, dim=-1)
+        vectors = states.cpu().numpy()
+        lengths = attention_mask.sum(dim=1).tolist()
+        # Right padding: an input's real tokens are its first `length` rows.
+        return [vectors[row, :length] for row, length in enumerate(lengths)]
+
+
+def _projection(folder: Path) -> torch.nn.Linear:
+    """The linear layer of a sentence-transformers Dense module (its activation, checked
+    at start, is the identity)."""
+    config = json.loads((folder / "config.json").read_text())
+    layer = torch.nn.Linear(config["in_features"], config["out_features"], bias=config.get("bias", True))
+    layer.load_state_dict({key.removeprefix("linear."): value.float()
+                           for key, value in load_file(str(folder / "model.safetensors")).items()})
+    return layer.eval()
