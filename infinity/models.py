@@ -181,8 +181,8 @@ def _check_multivector(folder: Path, modules: dict[str, str]) -> None:
     allowlist of token ids, a projection with an activation."""
     name = folder.name
     settings = {}
-    for file in ("sentence_bert_config.json", "config_sentence_transformers.json"):
-        path = folder / modules.get("Transformer", "") / file if file == "sentence_bert_config.json" else folder / file
+    for path in (folder / modules.get("Transformer", "") / "sentence_bert_config.json",
+                 folder / "config_sentence_transformers.json"):
         if path.is_file():
             settings.update(json.loads(path.read_text()))
     if settings.get("query_expansion") or settings.get("query_length") or settings.get("document_length"):
