@@ -33,6 +33,15 @@ def _expected(tokenizer, texts: list[str], dim: int = 384) -> np.ndarray:
     return np.stack([expected_embedding(encoding.ids, dim) for encoding in tokenizer.encode_batch(texts)])
 
 
+async def _held_request(client, launcher: ThreadLauncher, texts: list[str]) -> asyncio.Future:
+    """An embeddings request sent while the fake engine holds every pass, once it has
+    reached the inference child."""
+    launcher.gate.clear()
+    request = asyncio.ensure_future(client.post("/v1/embeddings", json={"input": texts}))
+    await asyncio.sleep(0.2)
+    return request
+
+
 def _run(test) -> None:
     asyncio.run(test())
 
@@ -71,9 +80,7 @@ def test_a_request_that_does_not_fit_the_queue_is_refused_at_once_and_slots_come
 
     async def test():
         async with serving(launcher, max_queued_items=4) as client:
-            launcher.gate.clear()  # the engine holds every pass
-            held = asyncio.ensure_future(client.post("/v1/embeddings", json={"input": ["one", "two", "three"]}))
-            await asyncio.sleep(0.2)
+            held = await _held_request(client, launcher, ["one", "two", "three"])
             refused = await client.post("/v1/embeddings", json={"input": ["four", "five"]})
             assert refused.status == 429 and refused.headers["Retry-After"] == "1"
             assert (await refused.json())["error"]["code"] == "overloaded"
@@ -91,9 +98,7 @@ def test_a_dead_inference_child_fails_what_it_held_with_503_and_is_restarted():
 
     async def test():
         async with serving(launcher) as client:
-            launcher.gate.clear()
-            held = asyncio.ensure_future(client.post("/v1/embeddings", json={"input": ["held", "by the child"]}))
-            await asyncio.sleep(0.2)
+            held = await _held_request(client, launcher, ["held", "by the child"])
             launcher.processes["inference-cpu"].kill()
             answer = await held
             assert answer.status == 503
@@ -123,9 +128,7 @@ def test_a_client_that_goes_away_leaves_no_slot_taken():
 
     async def test():
         async with serving(launcher) as client:
-            launcher.gate.clear()
-            gone = asyncio.ensure_future(client.post("/v1/embeddings", json={"input": ["going", "away"]}))
-            await asyncio.sleep(0.2)
+            gone = await _held_request(client, launcher, ["going", "away"])
             gone.cancel()
             await asyncio.sleep(0.1)
             launcher.gate.set()
