@@ -21,7 +21,8 @@ import msgspec
 from infinity.config import DEFAULT_MODEL_SOURCE, ConfigError, ModelConfig
 from infinity.shared import devices
 from infinity.shared.folders import CTRANSLATE2_FAMILIES, cache_dir, num_labels
-from infinity.shared.protocol import ModelSpec
+from infinity.multivector_folder import read_tasks
+from infinity.shared.protocol import ModelSpec, TaskEncoding
 
 PACKAGED_MODEL_MODULE = "all_minilm_l6_v2"
 # By default an input is read up to this many characters per token of the model's
@@ -47,19 +48,19 @@ def resolve_model(model: ModelConfig) -> ModelSpec:
     pooling = model.pooling or _pooling_from_folder(folder, modules) or "mean"
     normalize = model.normalize if model.normalize is not None else ("Normalize" in modules or not modules)
     kind = _detect_kind(transformer_dir, modules) if model.kind == "auto" else model.kind
-    if kind == "multivector":
-        _check_multivector(folder, modules)
+    max_length = _max_length(transformer_dir, model.max_length)
+    tasks, similarity = read_tasks(folder, modules, max_length) if kind == "multivector" else ({}, "")
     return ModelSpec(
         name=model.name,
         kind=kind,
         path=str(transformer_dir),
         device=model.devices[0],
-        engine=(engine := _engine(model, kind, transformer_dir)),
+        engine=(engine := _engine(model, transformer_dir, tasks)),
         fallback_engine="torch" if model.engine == "auto" and engine != "torch" else None,
         dtype=_dtype(model),
         pooling=pooling,
         normalize=normalize,
-        max_length=(max_length := _max_length(transformer_dir, model.max_length)),
+        max_length=max_length,
         truncate=model.truncate,
         max_input_chars=model.max_input_chars or CHARS_PER_TOKEN_READ * max_length,
         lowercase=bool(_json_value(transformer_dir / "sentence_bert_config.json", "do_lower_case")),
@@ -67,6 +68,8 @@ def resolve_model(model: ModelConfig) -> ModelSpec:
         max_batch_size=model.max_batch_size,
         compile=model.compile,
         projection=str(folder / modules["Dense"]) if kind == "multivector" and "Dense" in modules else None,
+        tasks=tasks,
+        similarity=similarity,
     )
 
 
@@ -92,9 +95,10 @@ def _dtype(model: ModelConfig) -> str:
     return "float16" if on_gpus else "float32"
 
 
-def _engine(model: ModelConfig, kind: str, transformer_dir: Path) -> str:
+def _engine(model: ModelConfig, transformer_dir: Path, tasks: dict[str, TaskEncoding]) -> str:
     """`engine = "auto"`: on CPUs at float32 or int8, CTranslate2 for the families it
-    converts, else ONNX Runtime (any encoder torch exports), each only if its extra is
+    converts (unless inputs hold tokens it must compute without attending to them, as in
+    ColBERT's query expansion), else ONNX Runtime (any encoder torch exports), each only if its extra is
     installed; torch for everything else (GPUs, other dtypes, `compile`): the order in
     which they served the default model on CPUs at every load (bench/RESULTS.md,
     "Engines"). If the chosen engine cannot load the model, the inference process falls
@@ -108,6 +112,7 @@ def _engine(model: ModelConfig, kind: str, transformer_dir: Path) -> str:
     if (config.get("model_type") in CTRANSLATE2_FAMILIES
             # What its converter requires; transformers 5 writes no key: absolute positions.
             and config.get("position_embedding_type", "absolute") == "absolute"
+            and not any(task.adds_unattended_tokens for task in tasks.values())
             and importlib.util.find_spec("ctranslate2") is not None):
         return "ctranslate2"
     if importlib.util.find_spec("onnxruntime") is not None and importlib.util.find_spec("onnxscript") is not None:
@@ -173,30 +178,6 @@ def _sentence_transformers_modules(folder: Path) -> dict[str, str]:
             raise ConfigError(f"{folder}: sentence-transformers module {entry['type']} is not supported")
         modules[kind] = entry.get("path", "")
     return modules
-
-
-def _check_multivector(folder: Path, modules: dict[str, str]) -> None:
-    """Refuse what a multi-vector folder may ask that is not served yet, rather than give
-    vectors that differ from the model's own: query expansion, prompts, a skiplist, an
-    allowlist of token ids, a projection with an activation."""
-    name = folder.name
-    settings = {}
-    for path in (folder / modules.get("Transformer", "") / "sentence_bert_config.json",
-                 folder / "config_sentence_transformers.json"):
-        if path.is_file():
-            settings.update(json.loads(path.read_text()))
-    if settings.get("query_expansion") or settings.get("query_length") or settings.get("document_length"):
-        raise ConfigError(f"model '{name}': query expansion and per-task lengths are not served yet")
-    if any(settings.get("prompts", {}).values()):
-        raise ConfigError(f"model '{name}': query and document prompts are not served yet")
-    if "MultiVectorMask" in modules:
-        mask = json.loads((folder / modules["MultiVectorMask"] / "config.json").read_text())
-        if mask.get("skiplist_words") or mask.get("keep_only_token_ids"):
-            raise ConfigError(f"model '{name}': a skiplist or an allowlist of token ids is not served yet")
-    if "Dense" in modules:
-        dense = json.loads((folder / modules["Dense"] / "config.json").read_text())
-        if not dense.get("activation_function", "Identity").endswith("Identity"):
-            raise ConfigError(f"model '{name}': a projection with an activation is not served yet")
 
 
 def _pooling_from_folder(folder: Path, modules: dict[str, str]) -> str | None:

@@ -44,20 +44,21 @@ class Operation:
     body: type[msgspec.Struct] | None
     answer: type[msgspec.Struct]
     errors: tuple[int, ...]
-    kind: str | None = None  # the kind of model the body's `model` names (embed, rerank, classify)
+    kinds: tuple[str, ...] = ()  # the kinds of model the body's `model` may name (embed, rerank, ...)
 
 
 def document(operations: list[Operation], title: str, version: str, models: dict[str, list[str]],
              url_prefix: str = "", api_key: bool = False) -> dict[str, Any]:
     """The OpenAPI 3.1 document of `operations`, on a server that serves `models` (names by
-    kind): a request body's `model` is one of those of its operation's kind."""
+    kind): a request body's `model` is one of those of its operation's kinds."""
     types = [ErrorResponse] + [t for op in operations for t in (op.body, op.answer) if t is not None]
     _, components = msgspec.json.schema_components(list(dict.fromkeys(types)), ref_template=_REF)
     for op in operations:
-        if op.body is not None and op.kind is not None:
+        if op.body is not None and op.kinds:
+            kinds = " or ".join(op.kinds)
             components[op.body.__name__]["properties"]["model"] = {
-                "anyOf": [{"enum": models.get(op.kind, [])}, {"type": "null"}],
-                "description": f"A served model of kind {op.kind}; none: the only one of that kind"}
+                "anyOf": [{"enum": [name for kind in op.kinds for name in models.get(kind, [])]}, {"type": "null"}],
+                "description": f"A served model of kind {kinds}; none: the only one of those kinds"}
     paths: dict[str, dict[str, Any]] = {}
     for op in operations:
         for path in (op.path, *op.aliases):

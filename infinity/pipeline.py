@@ -35,7 +35,7 @@ from infinity.topology import Replica, ServedModel, place
 # The one path by which worker code runs in the front end: small requests are tokenized
 # here, with the tokenizer processes' own code, rather than paying two messages
 # (`Pipeline._inline_tokenizers`).
-from workers.tokenization import ModelTokenizer, reply
+from workers.tokenization import ModelTokenizer, TaskTokenizer, model_tokenizer, reply
 
 log = logging.getLogger(__name__)
 
@@ -127,7 +127,7 @@ class Pipeline:
         self._inline = self._inline_tokenizers([model.spec for model in self.models.values()])
 
     @staticmethod
-    def _inline_tokenizers(specs: list[ModelSpec]) -> dict[str, ModelTokenizer]:
+    def _inline_tokenizers(specs: list[ModelSpec]) -> dict[str, ModelTokenizer | TaskTokenizer]:
         """Front-end tokenizers for small requests; not for rerankers, whose pairs are never
         small; a model whose tokenizer does not load here is left to the tokenizer processes
         (which report why at start)."""
@@ -136,7 +136,7 @@ class Pipeline:
             if spec.kind == "rerank":
                 continue
             try:
-                tokenizers[spec.name] = ModelTokenizer(spec)
+                tokenizers[spec.name] = model_tokenizer(spec)
             except Exception:
                 log.warning("model %s: no front-end tokenizer, every request goes to a tokenizer process",
                             spec.name, exc_info=True)
@@ -185,7 +185,8 @@ class Pipeline:
         self._next_id += 1
         limit = model.spec.max_input_chars
         request = protocol.Tokenize(self._next_id, model.spec.name, _within(inputs.texts, limit), inputs.token_ids,
-                                    _within([inputs.query], limit)[0] if inputs.query is not None else None)
+                                    _within([inputs.query], limit)[0] if inputs.query is not None else None,
+                                    inputs.task)
         if tokenizer is not None:
             try:
                 tokenizer.send(request)
@@ -265,13 +266,13 @@ class Pipeline:
             self._finish(pending, ServingError(protocol.ErrorKind.MODEL_NOT_READY,
                                                f"model '{model.spec.name}' is restarting; retry shortly"))
             return
-        pending.prompt_tokens = sum(message.lengths)
+        pending.prompt_tokens = sum(message.lengths) - message.added
         pending.truncated = message.truncated
         pending.holder = replica.child
         pending.replica = replica
         replica.outstanding += len(pending.slots)
         replica.child.send(protocol.Infer(message.request_id, model.spec.name, message.ids,
-                                          message.lengths, pending.slots, message.type_ids))
+                                          message.lengths, pending.slots, message.type_ids, message.masks))
 
     def _on_done(self, message: protocol.Done) -> None:
         pending = self._take(message.request_id)

@@ -40,6 +40,10 @@ Documents = Annotated[Any, Meta(
         {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}]}})]
 
 
+# Queries and documents, in OpenAI-style and in Cohere's names.
+InputType = Literal["query", "document", "search_query", "search_document"]
+
+
 class EmbeddingRequest(Struct):
     """OpenAI embeddings, plus the output type: `embedding_type` (one, in each item's
     `embedding`) or `embedding_types` (several, in each item's `embeddings`)."""
@@ -52,6 +56,13 @@ class EmbeddingRequest(Struct):
     user: str | None = None
     embedding_type: EmbeddingType | None = None
     embedding_types: Annotated[list[EmbeddingType], Meta(min_length=1)] | None = None
+    input_type: Annotated[InputType, Meta(description="Encode the inputs as queries or as documents, for models "
+                                                      "that tell them apart (multi-vector); default document")] | None = None
+
+    @property
+    def task(self) -> str | None:
+        """The `input_type` in the model's terms: "query", "document" or None (not given)."""
+        return None if self.input_type is None else self.input_type.removeprefix("search_")
 
     def output_types(self, default: EmbeddingType) -> list[EmbeddingType]:
         """The requested types (see `output_types`); `embedding_type` stands in for the default."""
@@ -247,11 +258,13 @@ class Health(Struct):
 
 class ModelInputs(msgspec.Struct, frozen=True):
     """Either texts or token-id sequences, never both; with `query`, the texts are the
-    documents each paired with it."""
+    documents each paired with it; `task`: encode them as the model's "query" or
+    "document" (models that tell the two apart)."""
 
     texts: list[str] | None = None
     token_ids: list[list[int]] | None = None
     query: str | None = None
+    task: str | None = None
 
     def __len__(self) -> int:
         return len(self.texts if self.texts is not None else self.token_ids)  # type: ignore[arg-type]

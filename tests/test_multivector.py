@@ -18,6 +18,9 @@ from tests.tiny_models import save_tiny_multivector, scoring_text
 pytestmark = pytest.mark.timeout(300)
 
 NAME = "tiny-colbert"
+# The classic ColBERT settings: prompts, expanded queries, a document length, a skiplist.
+CLASSIC = "tiny-colbert-classic"
+CLASSIC_TORCH = "tiny-colbert-classic-torch"  # the same on the torch engine, which "auto" does not pick
 
 
 @pytest.fixture(scope="module")
@@ -26,19 +29,39 @@ def folder(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def reference(folder):
+def classic_folder(tmp_path_factory):
+    return save_tiny_multivector(tmp_path_factory.mktemp("multivector") / "classic", seed=3, colbert=True)
+
+
+def _encoder(folder):
     from sentence_transformers import MultiVectorEncoder
 
-    model = MultiVectorEncoder(str(folder), device="cpu")
-    return lambda texts: [row.float().numpy() for row in model.encode_document(texts)]
+    return MultiVectorEncoder(str(folder), device="cpu")
+
+
+def _numpy(rows) -> list[np.ndarray]:
+    return [row.float().numpy() for row in rows]
 
 
 @pytest.fixture(scope="module")
-def colbert_server(folder, tmp_path_factory):
+def reference(folder):
+    model = _encoder(folder)
+    return lambda texts: _numpy(model.encode_document(texts))
+
+
+@pytest.fixture(scope="module")
+def classic(classic_folder):
+    return _encoder(classic_folder)
+
+
+@pytest.fixture(scope="module")
+def colbert_server(folder, classic_folder, tmp_path_factory):
     from tests.conftest import start_server_process
 
-    proc = start_server_process(config=f'[[models]]\nname = "{NAME}"\nsource = "{folder}"\n',
-                                log_dir=tmp_path_factory.mktemp("multivector-server"))
+    config = "".join(f'[[models]]\nname = "{name}"\nsource = "{source}"\n'
+                     for name, source in ((NAME, folder), (CLASSIC, classic_folder)))
+    config += f'[[models]]\nname = "{CLASSIC_TORCH}"\nsource = "{classic_folder}"\nengine = "torch"\n'
+    proc = start_server_process(config=config, log_dir=tmp_path_factory.mktemp("multivector-server"))
     try:
         yield proc
     finally:
@@ -57,8 +80,11 @@ def _assert_rows_match(matrix: np.ndarray, expected: np.ndarray) -> None:
 
 
 def test_the_model_is_served_as_multivector(colbert_server):
-    (card,) = colbert_server.get("/v1/models").json()["data"]
-    assert (card["kind"], card["dimensions"]) == ("multivector", 128)
+    cards = {card["id"]: card for card in colbert_server.get("/v1/models").json()["data"]}
+    for card in cards.values():
+        assert (card["kind"], card["dimensions"], card["capabilities"]) == ("multivector", 128, ["embed", "rerank"])
+    # CTranslate2 does not compute the expansion tokens the encoder does not attend to.
+    assert cards[CLASSIC]["backend"] == "onnx"
 
 
 def test_float_rows_and_shape_match_sentence_transformers(colbert_server, reference):
@@ -117,3 +143,87 @@ def test_the_openai_client_gets_the_matrix_and_its_shape(colbert_server, referen
             shape = item.model_extra["shape"]
             assert shape == list(expected.shape)
             _assert_rows_match(np.array(item.embedding, dtype=np.float32).reshape(shape), expected)
+
+
+def _embed(server, model: str, texts: list[str], **options) -> list[np.ndarray]:
+    answer = server.post("/v1/embeddings", json={"model": model, "input": texts, **options})
+    assert answer.status_code == 200, answer.text
+    return [np.array(item["embedding"], dtype=np.float32) for item in answer.json()["data"]]
+
+
+@pytest.mark.parametrize(("model", "input_type"), [(CLASSIC, "query"), (CLASSIC, "search_query"),
+                                                   (CLASSIC_TORCH, "query")])
+def test_queries_are_encoded_as_the_model_encodes_queries(colbert_server, classic, model, input_type):
+    """The [Q] prompt, and every query filled to 16 tokens with [MASK] tokens the
+    encoder does not attend to, whose vectors are part of the query's."""
+    texts = _texts(6, 8)
+    for matrix, expected in zip(_embed(colbert_server, model, texts, input_type=input_type),
+                                _numpy(classic.encode_query(texts)), strict=True):
+        assert matrix.shape[0] == 16
+        _assert_rows_match(matrix, expected)
+
+
+@pytest.mark.parametrize("input_type", ["document", "search_document", None])
+def test_documents_are_encoded_as_the_model_encodes_documents(colbert_server, classic, input_type):
+    """The [D] prompt, cut to the document length, skiplisted tokens left out; without
+    an input_type, inputs are documents."""
+    texts = _texts(7, 8) + [" ".join(["the quick brown fox"] * 20)]
+    options = {} if input_type is None else {"input_type": input_type}
+    served = _embed(colbert_server, CLASSIC, texts, **options)
+    expected = _numpy(classic.encode_document(texts))
+    assert any(len(matrix) < 24 for matrix in expected[-1:])  # the long one: cut, then skipped tokens out
+    for matrix, reference_rows in zip(served, expected, strict=True):
+        _assert_rows_match(matrix, reference_rows)
+
+
+def test_a_query_alone_and_inside_a_batch_of_other_lengths_agree(colbert_server):
+    texts = _texts(8, 7)
+    batch = _embed(colbert_server, CLASSIC, texts, input_type="query")
+    for text, matrix in zip(texts, batch):
+        (alone,) = _embed(colbert_server, CLASSIC, [text], input_type="query")
+        np.testing.assert_allclose(alone, matrix, atol=1e-5)
+
+
+def test_expansion_tokens_are_not_billed(colbert_server, classic):
+    texts = ["quick fox", "lazy dog jumps"]
+    answer = colbert_server.post("/v1/embeddings", json={"model": CLASSIC, "input": texts, "input_type": "query"})
+    real = [len(classic.tokenizer("[Q] " + text)["input_ids"]) for text in texts]
+    assert answer.json()["usage"]["prompt_tokens"] == sum(real)
+
+
+def test_an_unknown_input_type_is_refused(colbert_server):
+    answer = colbert_server.post("/v1/embeddings", json={"model": CLASSIC, "input": ["a"], "input_type": "image"})
+    assert assert_error(answer, 422)["param"] == "input_type"
+
+
+@pytest.mark.parametrize("model", [NAME, CLASSIC])
+def test_rerank_scores_by_maxsim_as_sentence_transformers_does(colbert_server, classic_folder, folder, model):
+    encoder = _encoder(classic_folder if model == CLASSIC else folder)
+    query, documents = "quick brown fox", _texts(9, 6)
+    answer = colbert_server.post("/v1/rerank", json={"model": model, "query": query, "documents": documents})
+    assert answer.status_code == 200, answer.text
+    expected = encoder.similarity(encoder.encode_query([query]), encoder.encode_document(documents))[0].numpy()
+    results = answer.json()["results"]
+    assert [r["index"] for r in results] == list(np.argsort(-expected, kind="stable"))
+    for result in results:
+        assert result["relevance_score"] == pytest.approx(float(expected[result["index"]]), rel=1e-5, abs=1e-5)
+
+
+def test_the_cohere_client_reranks_with_a_multivector_model(colbert_server, classic):
+    import cohere
+
+    client = cohere.ClientV2(base_url=colbert_server.url(""), api_key="unused")
+    documents = _texts(10, 5)
+    answer = client.rerank(model=CLASSIC, query="lazy dog", documents=documents, top_n=3)
+    expected = classic.similarity(classic.encode_query(["lazy dog"]), classic.encode_document(documents))[0].numpy()
+    assert [r.index for r in answer.results] == list(np.argsort(-expected, kind="stable")[:3])
+
+
+def test_the_api_document_lists_multivector_models_where_they_are_served(colbert_server):
+    schemas = colbert_server.get("/openapi.json").json()["components"]["schemas"]
+
+    def names(request: str) -> list[str]:
+        return schemas[request]["properties"]["model"]["anyOf"][0]["enum"]
+
+    assert set(names("EmbeddingRequest")) == set(names("RerankRequest")) == {NAME, CLASSIC, CLASSIC_TORCH}
+    assert names("CohereEmbedRequest") == names("ClassifyRequest") == []

@@ -194,13 +194,25 @@ def save_tiny_family_model(folder: Path, family: str, num_labels: int = 0, seed:
 
 # --- multi-vector (ColBERT-style) --------------------------------------------------------------
 
-def save_tiny_multivector(folder: Path, seed: int = 0) -> Path:
+def save_tiny_multivector(folder: Path, seed: int = 0, *, colbert: bool = False) -> Path:
     """sentence-transformers' own MultiVectorEncoder over a tiny BERT (Transformer ->
     Dense 32 -> 128 without bias -> MultiVectorMask -> Normalize), saved by it; the Dense
-    layer starts random, so the saved folder is what is served and compared."""
+    layer starts random, so the saved folder is what is served and compared. With
+    `colbert`, what classic ColBERT checkpoints set: [Q] / [D] prompts, a document length,
+    queries expanded to 16 tokens with [MASK] the encoder does not attend to, and a
+    skiplist of document tokens (two common words: the tiny vocabulary has no punctuation)."""
     from sentence_transformers import MultiVectorEncoder
+    from sentence_transformers.multi_vector_encoder.modules import MultiVectorMask
 
     torch.manual_seed(seed)
-    encoder = MultiVectorEncoder(str(save_tiny_bert(folder.with_name(folder.name + "-bert"), seed)))
+    bert = save_tiny_bert(folder.with_name(folder.name + "-bert"), seed)
+    if not colbert:
+        MultiVectorEncoder(str(bert)).save(str(folder))
+        return folder
+    encoder = MultiVectorEncoder(str(bert), prompts={"query": "[Q] ", "document": "[D] "})
+    encoder[0].document_length = 24
+    encoder[0].query_expansion = {"strategy": "fixed", "attend": False, "length": 16}
+    mask = next(module for module in encoder if isinstance(module, MultiVectorMask))
+    mask.skiplist_words = ["the", "a"]
     encoder.save(str(folder))
     return folder

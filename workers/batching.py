@@ -62,6 +62,8 @@ class Item:
     type_ids: np.ndarray | None  # token segments of a query-document pair
     seq: int  # arrival order, for fairness
     arrived: float  # the scheduler's clock when it was queued
+    attended: np.ndarray | None = None  # int8 per token: the encoder attends to it (None: all)
+    read: np.ndarray | None = None  # int8 per token: the head reads its state (None: all)
 
     @property
     def length(self) -> int:
@@ -76,6 +78,9 @@ class Batch:
     attention_mask: np.ndarray  # (n, longest) int64
     token_type_ids: np.ndarray  # (n, longest) int64, zero but for the second text of a pair
     wide: bool = False  # run on every core: the other lanes are held idle for it
+    # (n, longest) int64: the tokens whose states the head reads, where that is not the
+    # attention mask (ColBERT's query expansion, skipped tokens); None: it is.
+    read_mask: np.ndarray | None = None
 
 
 @dataclass
@@ -133,8 +138,10 @@ class Scheduler:
         return max((queue.lanes for queue in self._queues.values()), default=1)
 
     def submit(self, request_id: int, model: str, ids: np.ndarray, lengths: list[int],
-               slots: list[int], type_ids: np.ndarray | None = None) -> None:
-        """Queue a request's inputs (`ids` and `type_ids` concatenated, split by `lengths`)."""
+               slots: list[int], type_ids: np.ndarray | None = None, attended: np.ndarray | None = None,
+               read: np.ndarray | None = None) -> None:
+        """Queue a request's inputs (`ids`, and the per-token `type_ids`, `attended` and
+        `read` flags where given, concatenated, split by `lengths`)."""
         offsets = np.cumsum([0, *lengths])
         arrived = self._clock()
         with self._lock:
@@ -143,7 +150,8 @@ class Scheduler:
             queue = self._queues[model]
             for i, slot in enumerate(slots):
                 part = slice(offsets[i], offsets[i + 1])
-                item = Item(request, slot, ids[part], None if type_ids is None else type_ids[part], next(self._seq), arrived)
+                item = Item(request, slot, ids[part], None if type_ids is None else type_ids[part], next(self._seq),
+                            arrived, None if attended is None else attended[part], None if read is None else read[part])
                 bisect.insort(queue.by_length, (item.length, item.seq, item), key=_sort_key)
             self._wakeup.notify()
 
@@ -315,9 +323,14 @@ def _pad(model: str, items: list[Item], pad_id: int, wide: bool = False) -> Batc
     input_ids = np.full((len(items), longest), pad_id, dtype=np.int64)
     attention_mask = np.zeros((len(items), longest), dtype=np.int64)
     token_type_ids = np.zeros((len(items), longest), dtype=np.int64)
+    read_mask = None
+    if any(item.attended is not None or item.read is not None for item in items):
+        read_mask = np.zeros_like(attention_mask)
     for row, item in enumerate(items):
         input_ids[row, :item.length] = item.ids
-        attention_mask[row, :item.length] = 1
+        attention_mask[row, :item.length] = 1 if item.attended is None else item.attended
         if item.type_ids is not None:
             token_type_ids[row, :item.length] = item.type_ids
-    return Batch(model, items, input_ids, attention_mask, token_type_ids, wide)
+        if read_mask is not None:
+            read_mask[row, :item.length] = 1 if item.read is None else item.read
+    return Batch(model, items, input_ids, attention_mask, token_type_ids, wide, read_mask)

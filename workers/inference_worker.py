@@ -150,7 +150,8 @@ def _serve(models: dict[str, LoadedModel], arenas: dict[str, Arena], scheduler: 
 def _run(batch: Batch, model: LoadedModel, arena: Arena, scheduler: Scheduler, sender: _Sender) -> None:
     log.debug("batch of %d inputs, %d x %d tokens", len(batch.items), *batch.input_ids.shape)
     try:
-        vectors = model.forward(batch.input_ids, batch.attention_mask, batch.token_type_ids, wide=batch.wide)
+        vectors = model.forward(batch.input_ids, batch.attention_mask, batch.token_type_ids, wide=batch.wide,
+                                read_mask=batch.read_mask)
     except Exception as exc:
         log.exception("forward pass failed for a batch of %d", len(batch.items))
         finished = scheduler.finish(batch, error=f"inference failed: {exc}")
@@ -176,6 +177,10 @@ def _ragged(outputs: dict[int, np.ndarray]) -> protocol.Ragged:
                            b"".join(np.ascontiguousarray(array).tobytes() for array in arrays))
 
 
+def _masks(masks: protocol.TokenMasks | None) -> tuple[bytes | None, bytes | None]:
+    return (None, None) if masks is None else (masks.attended, masks.read)
+
+
 def _guarded(target: Callable[..., None], *args: object) -> None:
     """Run a thread's loop; if it fails, the process exits so the supervisor restarts it."""
     try:
@@ -194,8 +199,10 @@ def _receive(context: zmq.Context, args: protocol.WorkerArgs, inbox: zmq.Socket,
         message = protocol.decode(inbox.recv())
         if isinstance(message, protocol.Infer):
             ids = np.frombuffer(message.ids, dtype="<i4")
-            type_ids = None if message.type_ids is None else np.frombuffer(message.type_ids, dtype=np.int8)
-            scheduler.submit(message.request_id, message.model, ids, message.lengths, message.slots, type_ids)
+            type_ids, attended, read = (None if flags is None else np.frombuffer(flags, dtype=np.int8)
+                                        for flags in (message.type_ids, *_masks(message.masks)))
+            scheduler.submit(message.request_id, message.model, ids, message.lengths, message.slots, type_ids,
+                             attended, read)
         elif isinstance(message, protocol.Cancel):
             dropped, finished = scheduler.cancel(message.request_id)
             log.info("request %d: client gone, %d waiting inputs dropped", message.request_id, dropped)

@@ -11,6 +11,7 @@ import json
 import logging
 from pathlib import Path
 
+import msgspec
 import numpy as np
 from tokenizers import Encoding, Tokenizer
 
@@ -28,7 +29,13 @@ class InputError(ValueError):
     """A client input the model cannot take."""
 
 
-def reply(tokenizer: "ModelTokenizer", request: protocol.Tokenize) -> protocol.Tokenized | protocol.Failed:
+def model_tokenizer(spec: ModelSpec) -> "ModelTokenizer | TaskTokenizer":
+    """The tokenizer of a model: one that encodes queries and documents each their own way
+    for a model with tasks (`ModelSpec.tasks`), else the plain one."""
+    return TaskTokenizer(spec) if spec.tasks else ModelTokenizer(spec)
+
+
+def reply(tokenizer: "ModelTokenizer | TaskTokenizer", request: protocol.Tokenize) -> protocol.Tokenized | protocol.Failed:
     """The answer to `request`: its tokens, an invalid input, or an internal failure if
     the tokenizer itself fails (which must not take its process down)."""
     try:
@@ -185,3 +192,45 @@ class ModelTokenizer:
         has = f"{length} tokens, more than" if length is not None else "more tokens than"
         raise InputError(f"input[{index}] has {has} the maximum of {self._spec.max_length} for model "
                          f"'{self._spec.name}' (truncation is off for this model)")
+
+
+class TaskTokenizer:
+    """Tokenizes the inputs of a model that encodes queries and documents each its own way
+    (a multi-vector model, `ModelSpec.tasks`): the task's prompt before each text, its
+    maximum length, query expansion and the tokens whose states are left out, as
+    sentence-transformers' MultiVectorEncoder applies them. A request without a task is
+    encoded as documents."""
+
+    def __init__(self, spec: ModelSpec) -> None:
+        self._tasks = {task: (encoding, ModelTokenizer(msgspec.structs.replace(
+                           spec, tasks={}, max_length=encoding.max_length or spec.max_length)))
+                       for task, encoding in spec.tasks.items()}
+
+    def tokenize(self, request: protocol.Tokenize) -> protocol.Tokenized:
+        encoding, tokenizer = self._tasks[request.task or "document"]
+        if encoding.prompt and request.texts is not None:
+            request = msgspec.structs.replace(request, texts=[encoding.prompt + text for text in request.texts])
+        answer = tokenizer.tokenize(request)
+        if encoding.expand_to:
+            answer = _expand(answer, encoding)
+        if encoding.skip_ids:
+            read = ~np.isin(np.frombuffer(answer.ids, dtype="<i4"), encoding.skip_ids)
+            attended = None if answer.masks is None else answer.masks.attended
+            answer.masks = protocol.TokenMasks(attended, read.astype(np.int8).tobytes())
+        return answer
+
+
+def _expand(answer: protocol.Tokenized, encoding: protocol.TaskEncoding) -> protocol.Tokenized:
+    """ColBERT's query expansion: each input shorter than `expand_to` tokens filled up to
+    it with the expansion token, attended to by the encoder only if the model says so."""
+    ids = np.frombuffer(answer.ids, dtype="<i4")
+    offsets = np.cumsum([0, *answer.lengths])
+    pieces, attended, lengths = [], [], []
+    for i, length in enumerate(answer.lengths):
+        added = max(encoding.expand_to - length, 0)
+        pieces += [ids[offsets[i]:offsets[i + 1]], np.full(added, encoding.expansion_id, dtype="<i4")]
+        attended += [np.ones(length, dtype=np.int8), np.full(added, int(encoding.attend_expansion), dtype=np.int8)]
+        lengths.append(length + added)
+    masks = None if encoding.attend_expansion else protocol.TokenMasks(np.concatenate(attended).tobytes())
+    return protocol.Tokenized(answer.request_id, np.concatenate(pieces).tobytes(), lengths, answer.truncated,
+                              answer.type_ids, masks, added=sum(lengths) - sum(answer.lengths))

@@ -9,7 +9,7 @@ import zmq
 
 from infinity.shared import protocol
 from workers.process import LAST_MESSAGE_LINGER_MS, start_child
-from workers.tokenization import ModelTokenizer, reply
+from workers.tokenization import model_tokenizer, reply
 
 log = logging.getLogger(__name__)
 
@@ -26,7 +26,7 @@ def serve(args: protocol.WorkerArgs, inbox: zmq.Socket, to_front: zmq.Socket) ->
     """Load every model's tokenizer, report `Ready` (or `StartupFailed`), then answer
     `Tokenize` messages until the process ends."""
     try:
-        tokenizers = {spec.name: ModelTokenizer(spec) for spec in args.models}
+        tokenizers = {spec.name: model_tokenizer(spec) for spec in args.models}
     except Exception as exc:
         log.exception("cannot load tokenizers")
         to_front.send(protocol.encode(protocol.StartupFailed(args.name, f"{type(exc).__name__}: {exc}")))

@@ -5,8 +5,8 @@ scores (rerank, classify), the server's status (health, models). Each module lis
 from __future__ import annotations
 
 from infinity.routes import embeddings, scores, status
-from infinity.routes.common import KIND_ROUTES, Route
+from infinity.routes.common import Route
 
 ROUTES: list[Route] = [*embeddings.ROUTES, *scores.ROUTES, *status.ROUTES]
 
-__all__ = ["KIND_ROUTES", "ROUTES", "Route"]
+__all__ = ["ROUTES", "Route"]

@@ -24,9 +24,10 @@ CONFIG = web.AppKey("config", Config)
 MODEL_ERRORS = (400, 404, 408, 413, 415, 422, 429, 503)
 # The model name infinity's generated client sends when its caller names none.
 UNNAMED_MODEL = "default/not-specified"
-# The route that serves each model kind.
-KIND_ROUTES = {"embed": "/v1/embeddings", "multivector": "/v1/embeddings", "rerank": "/v1/rerank",
-               "classify": "/v1/classify"}
+# What each model kind serves (in infinity's capability names), and where.
+KIND_CAPABILITIES = {"embed": ["embed"], "multivector": ["embed", "rerank"], "rerank": ["rerank"],
+                     "classify": ["classify"]}
+CAPABILITY_ROUTES = {"embed": "/v1/embeddings", "rerank": "/v1/rerank", "classify": "/v1/classify"}
 
 
 @dataclass(frozen=True)
@@ -38,11 +39,10 @@ class Route:
     serve: Callable[[web.Request, Any], Awaitable[Struct]]
 
 
-def served_model(request: web.Request, name: str | None, kind: str, *other_kinds: str) -> ServedModel:
-    """The model a request names, which must be of `kind` (or one of `other_kinds`);
-    without a name, the only model of those kinds."""
+def served_model(request: web.Request, name: str | None, kinds: tuple[str, ...]) -> ServedModel:
+    """The model a request names, which must be of one of the route's `kinds` (the first
+    names the route); without a name, the only model of those kinds."""
     models = request.app[PIPELINE].models
-    kinds = (kind, *other_kinds)
     if name is None or name == UNNAMED_MODEL:
         of_kind = [m for m in models.values() if m.spec.kind in kinds]
         if len(of_kind) == 1:
@@ -54,9 +54,9 @@ def served_model(request: web.Request, name: str | None, kind: str, *other_kinds
         raise APIError(404, f"model '{name}' is not served here; served models: {', '.join(models)}",
                        param="model", code="model_not_found")
     if model.spec.kind not in kinds:
-        raise APIError(400, f"model '{name}' is of kind '{model.spec.kind}'; it serves "
-                            f"POST {KIND_ROUTES[model.spec.kind]}, not the {kind} route", param="model",
-                       code="wrong_model_kind")
+        routes = " and ".join(f"POST {CAPABILITY_ROUTES[c]}" for c in KIND_CAPABILITIES[model.spec.kind])
+        raise APIError(400, f"model '{name}' is of kind '{model.spec.kind}'; it serves {routes}, not the {kinds[0]} "
+                            "route", param="model", code="wrong_model_kind")
     return model
 
 

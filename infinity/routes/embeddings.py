@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import uuid
 
+import msgspec
 import numpy as np
 from aiohttp import web
 
@@ -18,12 +19,15 @@ from infinity.schemas import (ApiVersion, BilledUnits, CohereEmbedRequest, Coher
                               output_types, text_inputs, text_or_token_inputs)
 from infinity.topology import ServedModel
 
+OPENAI_KINDS = ("embed", "multivector")  # the model kinds each route serves
+COHERE_KINDS = ("embed",)
+
 
 async def embeddings(request: web.Request, body: EmbeddingRequest) -> EmbeddingResponse:
     """OpenAI embeddings; with `embedding_types`, each item holds `embeddings` by type
     instead of `embedding`."""
     types = body.output_types(request.app[CONFIG].server.embedding_type)
-    model = served_model(request, body.model, "embed", "multivector")
+    model = served_model(request, body.model, OPENAI_KINDS)
     inputs = text_or_token_inputs(body.input, max_items(request))
     if model.spec.kind == "multivector":
         return await _multivector(request, model, inputs, body, types)
@@ -43,7 +47,7 @@ async def cohere_embed(request: web.Request, body: CohereEmbedRequest) -> Cohere
     type is the base64 of the float32 values."""
     default = request.app[CONFIG].server.embedding_type
     types = output_types(body.embedding_types, default)
-    model = served_model(request, body.model, "embed")
+    model = served_model(request, body.model, COHERE_KINDS)
     inputs = text_inputs(body.texts, max_items(request), "texts")
     result, rows = await _embed(request, model, inputs, body.output_dimension, "output_dimension")
     version = "2" if request.path.endswith("/v2/embed") else "1"
@@ -64,7 +68,7 @@ async def _multivector(request: web.Request, model: ServedModel, inputs: ModelIn
     if body.dimensions:
         raise APIError(422, f"dimensions does not apply to the multi-vector model '{model.spec.name}' (it would "
                             "cut every token's vector); leave it out", param="dimensions")
-    result = await request.app[PIPELINE].run(model, inputs)
+    result = await request.app[PIPELINE].run(model, msgspec.structs.replace(inputs, task=body.task))
     try:
         matrices = list(result.rows())
     finally:
@@ -100,7 +104,7 @@ async def _embed(request: web.Request, model: ServedModel, inputs: ModelInputs, 
 
 ROUTES = [
     Route(openapi.Operation("post", "/v1/embeddings", ("/embeddings",), "Embed texts or token ids (OpenAI)",
-                            EmbeddingRequest, EmbeddingResponse, MODEL_ERRORS, "embed"), embeddings),
+                            EmbeddingRequest, EmbeddingResponse, MODEL_ERRORS, OPENAI_KINDS), embeddings),
     Route(openapi.Operation("post", "/v1/embed", ("/embed", "/v2/embed"), "Embed texts (Cohere v1 and v2)",
-                            CohereEmbedRequest, CohereEmbedResponse, MODEL_ERRORS, "embed"), cohere_embed),
+                            CohereEmbedRequest, CohereEmbedResponse, MODEL_ERRORS, COHERE_KINDS), cohere_embed),
 ]

@@ -1,9 +1,10 @@
-"""Score routes: rerank (Cohere v1/v2, Jina: documents sorted by relevance) and classify
-(every label's score per input), with the model's activation unless raw scores are
-asked."""
+"""Score routes: rerank (Cohere v1/v2, Jina: documents sorted by relevance, by a
+cross-encoder or by a multi-vector model's late interaction) and classify (every label's
+score per input), with the model's activation unless raw scores are asked."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 
@@ -12,34 +13,79 @@ from aiohttp import web
 from msgspec import UNSET
 
 from infinity import openapi
+from infinity.pipeline import Result
 from infinity.routes.common import MODEL_ERRORS, PIPELINE, Route, max_items, served_model, usage
 from infinity.schemas import (ApiVersion, BilledUnits, ClassifyRequest, ClassifyResponse, CohereMeta, InputTokens,
-                              LabelScore, RerankDocument, RerankRequest, RerankResponse, RerankResult, rerank_inputs,
-                              text_or_token_inputs)
+                              LabelScore, ModelInputs, RerankDocument, RerankRequest, RerankResponse, RerankResult,
+                              Usage, rerank_inputs, text_or_token_inputs)
+from infinity.topology import ServedModel
+
+RERANK_KINDS = ("rerank", "multivector")  # the model kinds each route serves
+CLASSIFY_KINDS = ("classify",)
 
 
 async def rerank(request: web.Request, body: RerankRequest) -> RerankResponse:
-    model = served_model(request, body.model, "rerank")
+    """A cross-encoder's relevance (its activation unless raw scores are asked), or a
+    multi-vector model's late-interaction score."""
+    model = served_model(request, body.model, RERANK_KINDS)
     inputs = rerank_inputs(body, max_items(request))
-    result = await request.app[PIPELINE].run(model, inputs)
-    try:
-        scores = np.array([row[0] for row in result.rows()], dtype=np.float32)
-    finally:
-        result.release()
-    if not body.raw_scores:
-        scores = activate(scores, result.activation)
+    if model.spec.kind == "multivector":
+        scores, tokens = await _late_interaction(request, model, inputs)
+    else:
+        result = await request.app[PIPELINE].run(model, inputs)
+        try:
+            scores = np.array([row[0] for row in result.rows()], dtype=np.float32)
+        finally:
+            result.release()
+        if not body.raw_scores:
+            scores = activate(scores, result.activation)
+        tokens = usage(result)
     order = np.argsort(-scores, kind="stable")[:body.top_n or None]
     documents = inputs.texts or []
     results = [RerankResult(index=int(i), relevance_score=float(scores[i]),
                             document=RerankDocument(documents[i]) if body.return_documents else UNSET)
                for i in order]
     return RerankResponse(
-        id=uuid.uuid4().hex, created=int(time.time()), results=results, model=model.spec.name, usage=usage(result),
-        meta=CohereMeta(ApiVersion("2"), BilledUnits(search_units=1), InputTokens(result.prompt_tokens)))
+        id=uuid.uuid4().hex, created=int(time.time()), results=results, model=model.spec.name, usage=tokens,
+        meta=CohereMeta(ApiVersion("2"), BilledUnits(search_units=1), InputTokens(tokens.prompt_tokens)))
+
+
+async def _late_interaction(request: web.Request, model: ServedModel, inputs: ModelInputs) -> tuple[np.ndarray, Usage]:
+    """Each document's MaxSim against the query, as the model scores (the sum over query
+    tokens of the best document-token dot product; divided by the query's tokens for
+    "meanmaxsim"): the query encoded as a query, the documents as documents."""
+    pipeline = request.app[PIPELINE]
+    query = ModelInputs(texts=[inputs.query or ""], task="query")
+    documents = ModelInputs(texts=inputs.texts, task="document")
+    results = await asyncio.gather(pipeline.run(model, query), pipeline.run(model, documents),
+                                   return_exceptions=True)
+    try:
+        for outcome in results:
+            if isinstance(outcome, BaseException):
+                raise outcome
+        query_result, document_result = results
+        (query_rows,) = query_result.rows()
+        scores = np.array([maxsim(query_rows, rows) for rows in document_result.rows()], dtype=np.float32)
+    finally:
+        for outcome in results:
+            if isinstance(outcome, Result):
+                outcome.release()
+    if model.spec.similarity == "meanmaxsim":
+        scores /= max(len(query_rows), 1)
+    tokens = query_result.prompt_tokens + document_result.prompt_tokens
+    return scores, Usage(tokens, tokens, query_result.truncated + document_result.truncated)
+
+
+def maxsim(query: np.ndarray, document: np.ndarray) -> float:
+    """Sum over the query's rows of the best dot product with any of the document's rows
+    (0 for a document without rows)."""
+    if not len(document):
+        return 0.0
+    return float((query @ document.T).max(axis=1).sum())
 
 
 async def classify(request: web.Request, body: ClassifyRequest) -> ClassifyResponse:
-    model = served_model(request, body.model, "classify")
+    model = served_model(request, body.model, CLASSIFY_KINDS)
     inputs = text_or_token_inputs(body.input, max_items(request))
     result = await request.app[PIPELINE].run(model, inputs)
     try:
@@ -67,7 +113,7 @@ def activate(scores: np.ndarray, activation: str) -> np.ndarray:
 ROUTES = [
     Route(openapi.Operation("post", "/v1/rerank", ("/rerank", "/v2/rerank"),
                             "Score documents against a query, best first (Cohere v1 and v2, Jina)",
-                            RerankRequest, RerankResponse, MODEL_ERRORS, "rerank"), rerank),
+                            RerankRequest, RerankResponse, MODEL_ERRORS, RERANK_KINDS), rerank),
     Route(openapi.Operation("post", "/v1/classify", ("/classify",), "Every label's score for each input",
-                            ClassifyRequest, ClassifyResponse, MODEL_ERRORS, "classify"), classify),
+                            ClassifyRequest, ClassifyResponse, MODEL_ERRORS, CLASSIFY_KINDS), classify),
 ]

@@ -9,7 +9,7 @@ from aiohttp import web
 
 from infinity import openapi
 from infinity.errors import APIError
-from infinity.routes.common import PIPELINE, Route
+from infinity.routes.common import KIND_CAPABILITIES, PIPELINE, Route
 from infinity.schemas import Health, ModelCard, ModelList, ModelStats, ReplicaCard
 from infinity.topology import ServedModel
 
@@ -31,7 +31,7 @@ def _model_card(model: ServedModel) -> ModelCard:
         id=spec.name,
         created=int(time.time()),
         kind=spec.kind,  # type: ignore[arg-type]
-        capabilities=[spec.kind],
+        capabilities=KIND_CAPABILITIES[spec.kind],
         backend=info.engine if info else spec.engine,
         stats=ModelStats(queue_fraction=queued / model.pool.capacity, queue_absolute=queued,
                          results_pending=sum(replica.outstanding for replica in model.replicas),

@@ -21,6 +21,25 @@ import enum
 import msgspec
 
 
+class TaskEncoding(msgspec.Struct, frozen=True):
+    """How a multi-vector model encodes the inputs of one task ("query" or "document"),
+    as its sentence-transformers folder says."""
+
+    prompt: str = ""  # prepended to each text
+    max_length: int | None = None  # tokens of the task's inputs at most (None: the model's)
+    # Query expansion: an input shorter than `expand_to` tokens is filled up to it with
+    # `expansion_id`, tokens the encoder attends to only if `attend_expansion`, whose
+    # states are part of the output either way.
+    expand_to: int = 0
+    expansion_id: int = 0
+    attend_expansion: bool = False
+    skip_ids: list[int] = []  # tokens whose states are left out of the output
+
+    @property
+    def adds_unattended_tokens(self) -> bool:
+        return bool(self.expand_to) and not self.attend_expansion
+
+
 class ModelSpec(msgspec.Struct, frozen=True):
     """A model as the children load it: resolved folder and settled options. One spec is
     one replica: a model on several devices has one spec per device, alike but for `device`."""
@@ -45,6 +64,17 @@ class ModelSpec(msgspec.Struct, frozen=True):
     # A multi-vector model's projection of token states: the folder of its
     # sentence-transformers Dense module (None: the token states as they are).
     projection: str | None = None
+    # A multi-vector model's encoding by task, "query" and "document" (empty: one way for all),
+    # and how it scores a query against a document: "maxsim" or "meanmaxsim".
+    tasks: dict[str, TaskEncoding] = {}
+    similarity: str = ""
+
+    @property
+    def reads_unattended_states(self) -> bool:
+        """Whether some inputs hold tokens the encoder must not attend to but whose states
+        are read (ColBERT's query expansion): engines that drop masked positions cannot
+        serve it."""
+        return any(task.adds_unattended_tokens for task in self.tasks.values())
 
 
 class WorkerArgs(msgspec.Struct, frozen=True):
@@ -81,13 +111,24 @@ class ModelInfo(msgspec.Struct, frozen=True, array_like=True):
 
 class Tokenize(msgspec.Struct, tag=True, array_like=True):
     """Tokenize `texts` (or check and truncate `token_ids`) for `model`; with `query`, each
-    text is paired with it (query first; only the text side is truncated)."""
+    text is paired with it (query first; only the text side is truncated); `task`: encode
+    them as the model's queries or documents (`ModelSpec.tasks`)."""
 
     request_id: int
     model: str
     texts: list[str] | None = None
     token_ids: list[list[int]] | None = None
     query: str | None = None
+    task: str | None = None
+
+
+class TokenMasks(msgspec.Struct, array_like=True):
+    """Per-token flags (int8, concatenated like the ids) for inputs where not every token
+    is both attended to and read: `attended` by the encoder (None: all are), `read` by the
+    head (None: all are)."""
+
+    attended: bytes | None = None
+    read: bytes | None = None
 
 
 class Tokenized(msgspec.Struct, tag=True, array_like=True):
@@ -100,6 +141,8 @@ class Tokenized(msgspec.Struct, tag=True, array_like=True):
     truncated: int
     # Segment of each token (int8), for query-document pairs; None: all zero.
     type_ids: bytes | None = None
+    masks: TokenMasks | None = None
+    added: int = 0  # tokens added by query expansion: in `lengths`, not billed
 
 
 class Infer(msgspec.Struct, tag=True, array_like=True):
@@ -112,6 +155,7 @@ class Infer(msgspec.Struct, tag=True, array_like=True):
     lengths: list[int]
     slots: list[int]
     type_ids: bytes | None = None
+    masks: TokenMasks | None = None
 
 
 class Cancel(msgspec.Struct, tag=True, array_like=True):

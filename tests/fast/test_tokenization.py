@@ -11,13 +11,14 @@ import random
 from pathlib import Path
 
 import msgspec
+import numpy as np
 import pytest
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors, trainers
 
 from infinity.config import ModelConfig
 from infinity.models import CHARS_PER_TOKEN_READ, resolve_model
 from infinity.shared import protocol
-from workers.tokenization import PREFIX_CHARS_PER_TOKEN, ModelTokenizer
+from workers.tokenization import PREFIX_CHARS_PER_TOKEN, ModelTokenizer, model_tokenizer
 
 WORDS = ("the quick brown fox jumps over a lazy dog embedding server token Zürich café naïve "
          "東京 北京 数据 Москва привет Ελλάδα مرحبا 🙂 🚀 don't e-mail 3.14 1,000 #tag @user "
@@ -245,3 +246,31 @@ def test_a_model_that_lower_cases_reads_its_prefixes_lower_cased(tmp_path):
     answer = tokenizer.tokenize(protocol.Tokenize(1, "m", texts=texts))
     expected = reference.encode_batch([text.lower() for text in texts])
     assert _split(answer) == [encoding.ids for encoding in expected]
+
+
+def test_queries_and_documents_are_tokenized_each_their_own_way():
+    """A model with tasks: the query's prompt and expansion up to its length with tokens
+    the encoder does not attend to (not billed), the document's prompt, length and
+    skipped tokens."""
+    tokenizer_base = resolve_model(ModelConfig(name="m"))
+    vocab = Tokenizer.from_file(str(Path(tokenizer_base.path) / "tokenizer.json"))
+    vocab.no_padding()
+    mask_id, the_id = vocab.token_to_id("[MASK]"), vocab.token_to_id("the")
+    tasks = {"query": protocol.TaskEncoding(prompt="query: ", max_length=8, expand_to=8, expansion_id=mask_id),
+             "document": protocol.TaskEncoding(prompt="passage: ", max_length=6, skip_ids=[the_id])}
+    tokenizer = model_tokenizer(msgspec.structs.replace(tokenizer_base, kind="multivector", tasks=tasks))
+
+    query = tokenizer.tokenize(protocol.Tokenize(1, "m", texts=["the fox"], task="query"))
+    real = vocab.encode("query: the fox").ids
+    assert list(np.frombuffer(query.ids, "<i4")) == real + [mask_id] * (8 - len(real))
+    assert query.lengths == [8] and query.added == 8 - len(real)
+    assert list(np.frombuffer(query.masks.attended, np.int8)) == [1] * len(real) + [0] * (8 - len(real))
+    assert query.masks.read is None
+
+    for task in ("document", None):
+        document = tokenizer.tokenize(protocol.Tokenize(2, "m", texts=["the fox and the dog ran"], task=task))
+        ids = vocab.encode("passage: the fox and the dog ran").ids
+        cut = ids[:5] + ids[-1:]  # six tokens, [SEP] kept
+        assert list(np.frombuffer(document.ids, "<i4")) == cut and document.truncated == 1
+        assert document.masks.attended is None
+        assert list(np.frombuffer(document.masks.read, np.int8)) == [int(i != the_id) for i in cut]

@@ -79,6 +79,9 @@ class CTranslate2Engine:
         if config.get("model_type") not in CTRANSLATE2_FAMILIES:
             raise ValueError(f"the ctranslate2 engine serves the {', '.join(CTRANSLATE2_FAMILIES)} families; '{spec.name}' "
                              f"is {config.get('model_type')} (use engine = \"onnx\" or \"torch\")")
+        if spec.reads_unattended_states:
+            raise ValueError(f"the ctranslate2 engine computes attended tokens only; '{spec.name}' reads the states "
+                             "of tokens it does not attend to (query expansion): use engine = \"onnx\" or \"torch\"")
         self._head = _classification_head(spec, config["model_type"]) if output is RawOutput.SEQUENCE_LOGITS else None
         folder, _ = converted_model(spec)
         device, index = devices.ctranslate2_device(spec.device)

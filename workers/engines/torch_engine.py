@@ -39,7 +39,9 @@ class TorchEngine:
         self._takes_token_types = "token_type_ids" in inspect.signature(self._model.forward).parameters
         self.pad_id = pad_id(spec)
         body = getattr(self._model, "bert", None) if self._logits else self._model
-        self._packed = PackedBert(body) if body is not None and packed_bert.supports(body) else None
+        # The padding-free forward computes attended tokens only.
+        packs = body is not None and packed_bert.supports(body) and not spec.reads_unattended_states
+        self._packed = PackedBert(body) if packs else None
         if spec.compile:
             # The module's own padded forward compiles whole; the padding-free one is cut into
             # pieces by its data-dependent token selection, so it is not used.

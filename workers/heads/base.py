@@ -24,7 +24,9 @@ class Head(Protocol):
     def __init__(self, spec: ModelSpec, config: dict) -> None:
         """`config`: the model's transformers config.json."""
 
-    def __call__(self, raw: torch.Tensor, attention_mask: torch.Tensor) -> np.ndarray | list[np.ndarray]:
-        """The engine's raw output of a batch and its (n, longest) mask, on the same
-        device -> (n, dim) float32, one row per input; if `ragged`, one array per input."""
+    def __call__(self, raw: torch.Tensor, mask: torch.Tensor) -> np.ndarray | list[np.ndarray]:
+        """The engine's raw output of a batch and the (n, longest) mask of the tokens to
+        read (the attention mask, unless inputs hold tokens the encoder does not attend to
+        but whose states count, or tokens left out), on the same device -> (n, dim)
+        float32, one row per input; if `ragged`, one array per input."""
         ...

@@ -1,7 +1,7 @@
-"""The multi-vector head (`kind = "multivector"`, ColBERT-style late interaction): every
-real token's state, projected by the model's Dense layer where it has one, L2-normalised
-if the model says so; padding rows removed, so each input gives an (n_tokens, dim)
-float32 array."""
+"""The multi-vector head (`kind = "multivector"`, ColBERT-style late interaction): the state
+of every token it is given to read (real tokens and query-expansion tokens, not padding
+nor skipped tokens), projected by the model's Dense layer where it has one,
+L2-normalised if the model says so: each input gives an (n_tokens, dim) float32 array."""
 
 from __future__ import annotations
 
@@ -27,16 +27,15 @@ class TokenVectors:
         self.dim = int(config["hidden_size"]) if self._projection is None else self._projection.out_features
         self._normalize = spec.normalize
 
-    def __call__(self, raw: torch.Tensor, attention_mask: torch.Tensor) -> list[np.ndarray]:
+    def __call__(self, raw: torch.Tensor, mask: torch.Tensor) -> list[np.ndarray]:
         states = raw.float()
         if self._projection is not None:
             states = self._projection.to(states.device)(states)
         if self._normalize:
             states = torch.nn.functional.normalize(states, p=2, dim=-1)
         vectors = states.cpu().numpy()
-        lengths = attention_mask.sum(dim=1).tolist()
-        # Right padding: an input's real tokens are its first `length` rows.
-        return [vectors[row, :length] for row, length in enumerate(lengths)]
+        read = mask.bool().cpu().numpy()
+        return [vectors[row, read[row]] for row in range(len(vectors))]
 
 
 def _projection(folder: Path) -> torch.nn.Linear:

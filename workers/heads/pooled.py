@@ -35,8 +35,8 @@ class PooledEmbedding:
         self._pooling = spec.pooling
         self._normalize = spec.normalize
 
-    def __call__(self, raw: torch.Tensor, attention_mask: torch.Tensor) -> np.ndarray:
-        vectors = pool(self._pooling, raw, attention_mask).float()
+    def __call__(self, raw: torch.Tensor, mask: torch.Tensor) -> np.ndarray:
+        vectors = pool(self._pooling, raw, mask).float()
         if self._normalize:
             vectors = torch.nn.functional.normalize(vectors, p=2, dim=1)
         return vectors.cpu().numpy()

@@ -30,7 +30,7 @@ class ClassScores:
         else:
             self.activation = "softmax"
 
-    def __call__(self, raw: torch.Tensor, attention_mask: torch.Tensor) -> np.ndarray:
+    def __call__(self, raw: torch.Tensor, mask: torch.Tensor) -> np.ndarray:
         return raw.float().cpu().numpy()
 
 
