@@ -12,7 +12,7 @@ import random
 import numpy as np
 import pytest
 
-from tests.conftest import assert_error
+from tests.conftest import SHM_DIR, assert_error, shm_arenas
 from tests.tiny_models import save_tiny_multivector, scoring_text
 
 pytestmark = pytest.mark.timeout(300)
@@ -227,3 +227,18 @@ def test_the_api_document_lists_multivector_models_where_they_are_served(colbert
 
     assert set(names("EmbeddingRequest")) == set(names("RerankRequest")) == {NAME, CLASSIC, CLASSIC_TORCH}
     assert names("CohereEmbedRequest") == names("ClassifyRequest") == []
+
+
+def test_a_multivector_model_reserves_no_worst_case_up_front(colbert_server):
+    """Outputs that vary in size are held as they are computed: no model's arena holds
+    slots for a (tokens x dim) matrix per queued input, which for the default 4096 queued
+    inputs of 64 tokens x 128 floats would be 128 MiB per model."""
+    cards = colbert_server.get("/v1/models").json()["data"]
+    worst_case = 4096 * cards[0]["max_length"] * 128 * 4
+    arenas = [SHM_DIR / name for name in shm_arenas(colbert_server.pid)]
+    assert len(arenas) == len(cards)
+    assert sum(path.stat().st_size for path in arenas) < worst_case / 1000
+    texts = [" ".join(["quick brown fox jumps"] * 20)] * 2048
+    answer = colbert_server.post("/v1/embeddings", json={"model": NAME, "input": texts, "encoding_format": "base64"})
+    assert answer.status_code == 200
+    assert {tuple(item["shape"]) for item in answer.json()["data"]} == {(cards[0]["max_length"], 128)}
