@@ -21,7 +21,7 @@ import msgspec
 from infinity.config import DEFAULT_MODEL_SOURCE, ConfigError, ModelConfig
 from infinity.shared import devices
 from infinity.shared.folders import CTRANSLATE2_FAMILIES, cache_dir, num_labels
-from infinity.multivector_folder import read_tasks
+from infinity.multivector_folder import is_multivector, read_folder
 from infinity.shared.protocol import ModelSpec, TaskEncoding
 
 PACKAGED_MODEL_MODULE = "all_minilm_l6_v2"
@@ -46,10 +46,11 @@ def resolve_model(model: ModelConfig) -> ModelSpec:
     if not (transformer_dir / "config.json").is_file():
         raise ConfigError(f"model '{model.name}': no config.json in {transformer_dir}")
     pooling = model.pooling or _pooling_from_folder(folder, modules) or "mean"
-    normalize = model.normalize if model.normalize is not None else ("Normalize" in modules or not modules)
-    kind = _detect_kind(transformer_dir, modules) if model.kind == "auto" else model.kind
+    kind = _detect_kind(folder, transformer_dir, modules) if model.kind == "auto" else model.kind
     max_length = _max_length(transformer_dir, model.max_length)
-    tasks, similarity = read_tasks(folder, modules, max_length) if kind == "multivector" else ({}, "")
+    multivector = read_folder(folder, modules, max_length) if kind == "multivector" else None
+    tasks = multivector.tasks if multivector else {}
+    normalize = multivector.normalize if multivector else ("Normalize" in modules or not modules)
     return ModelSpec(
         name=model.name,
         kind=kind,
@@ -59,7 +60,7 @@ def resolve_model(model: ModelConfig) -> ModelSpec:
         fallback_engine="torch" if model.engine == "auto" and engine != "torch" else None,
         dtype=_dtype(model),
         pooling=pooling,
-        normalize=normalize,
+        normalize=model.normalize if model.normalize is not None else normalize,
         max_length=max_length,
         truncate=model.truncate,
         max_input_chars=model.max_input_chars or CHARS_PER_TOKEN_READ * max_length,
@@ -67,20 +68,19 @@ def resolve_model(model: ModelConfig) -> ModelSpec:
         max_batch_tokens=model.max_batch_tokens,
         max_batch_size=model.max_batch_size,
         compile=model.compile,
-        projection=str(folder / modules["Dense"]) if kind == "multivector" and "Dense" in modules else None,
+        projection=multivector.projection if multivector else None,
         tasks=tasks,
-        similarity=similarity,
+        similarity=multivector.similarity if multivector else "",
     )
 
 
-def _detect_kind(transformer_dir: Path, modules: dict[str, str]) -> str:
-    """A sentence-transformers MultiVectorEncoder folder gives a vector per token; a
-    sequence-classification head with one label reranks, with several it classifies
-    (whether saved by transformers or by sentence-transformers' CrossEncoder); any other
-    encoder embeds."""
-    if "MultiVectorMask" in modules:
-        return "multivector"
+def _detect_kind(folder: Path, transformer_dir: Path, modules: dict[str, str]) -> str:
+    """A multi-vector (ColBERT) folder gives a vector per token; a sequence-classification
+    head with one label reranks, with several it classifies (whether saved by transformers
+    or by sentence-transformers' CrossEncoder); any other encoder embeds."""
     config = json.loads((transformer_dir / "config.json").read_text())
+    if is_multivector(folder, modules, config):
+        return "multivector"
     if any(a.endswith("ForSequenceClassification") for a in config.get("architectures") or []):
         return "rerank" if num_labels(config) == 1 else "classify"
     return "embed"

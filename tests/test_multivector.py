@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from tests.conftest import SHM_DIR, assert_error, shm_arenas
-from tests.tiny_models import save_tiny_multivector, scoring_text
+from tests.tiny_models import (save_tiny_multivector, save_tiny_pylate_colbert, save_tiny_stanford_colbert,
+                               scoring_text)
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -21,6 +22,8 @@ NAME = "tiny-colbert"
 # The classic ColBERT settings: prompts, expanded queries, a document length, a skiplist.
 CLASSIC = "tiny-colbert-classic"
 CLASSIC_TORCH = "tiny-colbert-classic-torch"  # the same on the torch engine, which "auto" does not pick
+# Older layouts that sentence-transformers loads too: PyLate's, Stanford's.
+PYLATE, STANFORD = "tiny-colbert-pylate", "tiny-colbert-stanford"
 
 
 @pytest.fixture(scope="module")
@@ -55,11 +58,18 @@ def classic(classic_folder):
 
 
 @pytest.fixture(scope="module")
-def colbert_server(folder, classic_folder, tmp_path_factory):
+def legacy_folders(tmp_path_factory):
+    root = tmp_path_factory.mktemp("legacy")
+    return {PYLATE: save_tiny_pylate_colbert(root / "pylate", seed=4),
+            STANFORD: save_tiny_stanford_colbert(root / "stanford", seed=5)}
+
+
+@pytest.fixture(scope="module")
+def colbert_server(folder, classic_folder, legacy_folders, tmp_path_factory):
     from tests.conftest import start_server_process
 
     config = "".join(f'[[models]]\nname = "{name}"\nsource = "{source}"\n'
-                     for name, source in ((NAME, folder), (CLASSIC, classic_folder)))
+                     for name, source in ((NAME, folder), (CLASSIC, classic_folder), *legacy_folders.items()))
     config += f'[[models]]\nname = "{CLASSIC_TORCH}"\nsource = "{classic_folder}"\nengine = "torch"\n'
     proc = start_server_process(config=config, log_dir=tmp_path_factory.mktemp("multivector-server"))
     try:
@@ -81,8 +91,9 @@ def _assert_rows_match(matrix: np.ndarray, expected: np.ndarray) -> None:
 
 def test_the_model_is_served_as_multivector(colbert_server):
     cards = {card["id"]: card for card in colbert_server.get("/v1/models").json()["data"]}
-    for card in cards.values():
-        assert (card["kind"], card["dimensions"], card["capabilities"]) == ("multivector", 128, ["embed", "rerank"])
+    for name, card in cards.items():
+        dim = 16 if name in (PYLATE, STANFORD) else 128
+        assert (card["kind"], card["dimensions"], card["capabilities"]) == ("multivector", dim, ["embed", "rerank"])
     # CTranslate2 does not compute the expansion tokens the encoder does not attend to.
     assert cards[CLASSIC]["backend"] == "onnx"
 
@@ -225,7 +236,8 @@ def test_the_api_document_lists_multivector_models_where_they_are_served(colbert
     def names(request: str) -> list[str]:
         return schemas[request]["properties"]["model"]["anyOf"][0]["enum"]
 
-    assert set(names("EmbeddingRequest")) == set(names("RerankRequest")) == {NAME, CLASSIC, CLASSIC_TORCH}
+    assert set(names("EmbeddingRequest")) == set(names("RerankRequest")) == {NAME, CLASSIC, CLASSIC_TORCH, PYLATE,
+                                                                             STANFORD}
     assert names("CohereEmbedRequest") == names("ClassifyRequest") == []
 
 
@@ -242,3 +254,21 @@ def test_a_multivector_model_reserves_no_worst_case_up_front(colbert_server):
     answer = colbert_server.post("/v1/embeddings", json={"model": NAME, "input": texts, "encoding_format": "base64"})
     assert answer.status_code == 200
     assert {tuple(item["shape"]) for item in answer.json()["data"]} == {(cards[0]["max_length"], 128)}
+
+
+@pytest.mark.parametrize("model", [PYLATE, STANFORD])
+def test_older_colbert_layouts_are_served_as_sentence_transformers_loads_them(colbert_server, legacy_folders, model):
+    """PyLate's and Stanford's layouts: their markers kept whole, expanded queries,
+    documents cut and skiplisted (punctuation, for Stanford's), the projection from the
+    Dense folder or from the checkpoint's own weights, normalised; and MaxSim rerank."""
+    encoder = _encoder(legacy_folders[model])
+    rng = random.Random(11)
+    texts = [scoring_text(rng, rng.randint(1, 30)).replace(" ", ", ", 1) + "." for _ in range(6)]
+    for input_type, encode in (("query", encoder.encode_query), ("document", encoder.encode_document)):
+        for matrix, expected in zip(_embed(colbert_server, model, texts, input_type=input_type),
+                                    _numpy(encode(texts)), strict=True):
+            _assert_rows_match(matrix, expected)
+    answer = colbert_server.post("/v1/rerank", json={"model": model, "query": texts[0], "documents": texts})
+    expected = encoder.similarity(encoder.encode_query(texts[:1]), encoder.encode_document(texts))[0].numpy()
+    scores = {r["index"]: r["relevance_score"] for r in answer.json()["results"]}
+    np.testing.assert_allclose([scores[i] for i in range(len(texts))], expected, rtol=1e-5, atol=1e-5)

@@ -29,12 +29,13 @@ def train_tokenizer() -> Tokenizer:
     return tokenizer
 
 
-def save_tiny_bert(folder: Path, seed: int = 0, max_positions: int = 64) -> Path:
-    """A 2-layer BERT with hidden size 32 and its tokenizer, in transformers layout."""
+def save_tiny_bert(folder: Path, seed: int = 0, max_positions: int = 64, tokenizer: Tokenizer | None = None) -> Path:
+    """A 2-layer BERT with hidden size 32 and its tokenizer (by default `train_tokenizer`'s),
+    in transformers layout."""
     from transformers import BertConfig, BertModel
 
     folder.mkdir(parents=True, exist_ok=True)
-    tokenizer = train_tokenizer()
+    tokenizer = tokenizer or train_tokenizer()
     tokenizer.save(str(folder / "tokenizer.json"))
     config = BertConfig(vocab_size=tokenizer.get_vocab_size(), hidden_size=32, num_hidden_layers=2,
                         num_attention_heads=2, intermediate_size=64, max_position_embeddings=max_positions,
@@ -215,4 +216,68 @@ def save_tiny_multivector(folder: Path, seed: int = 0, *, colbert: bool = False)
     mask = next(module for module in encoder if isinstance(module, MultiVectorMask))
     mask.skiplist_words = ["the", "a"]
     encoder.save(str(folder))
+    return folder
+
+
+def save_tiny_pylate_colbert(folder: Path, seed: int = 0) -> Path:
+    """A ColBERT in PyLate's layout from before sentence-transformers took it in
+    (`model_type: "ColBERT"`): a Transformer and PyLate's Dense (32 -> 16) as modules, the
+    [Q] / [D] prefixes added to the tokenizer as tokens (so the embedding table grows by
+    two), lengths, expansion and skiplist at the top level of its settings."""
+    import json
+
+    from safetensors.torch import save_file
+    from tokenizers import AddedToken
+
+    tokenizer = train_tokenizer()
+    tokenizer.add_tokens([AddedToken("[Q] ", normalized=True), AddedToken("[D] ", normalized=True)])
+    save_tiny_bert(folder, seed, tokenizer=tokenizer)
+    save_hf_tokenizer(tokenizer, folder, model_max_length=64)
+    (folder / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 64, "do_lower_case": False}))
+    (folder / "modules.json").write_text(json.dumps([
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Dense", "type": "pylate.models.Dense.Dense"}]))
+    (folder / "config_sentence_transformers.json").write_text(json.dumps({
+        "model_type": "ColBERT", "query_prefix": "[Q] ", "document_prefix": "[D] ", "query_length": 16,
+        "document_length": 24, "attend_to_expansion_tokens": False, "skiplist_words": ["the", "a"],
+        "similarity_fn_name": "MaxSim", "prompts": {}, "default_prompt_name": None}))
+    (folder / "1_Dense").mkdir()
+    (folder / "1_Dense" / "config.json").write_text(json.dumps({
+        "in_features": 32, "out_features": 16, "bias": False,
+        "activation_function": "torch.nn.modules.linear.Identity"}))
+    torch.manual_seed(seed + 1)
+    save_file({"linear.weight": torch.randn(16, 32)}, str(folder / "1_Dense" / "model.safetensors"))
+    return folder
+
+
+def save_tiny_stanford_colbert(folder: Path, seed: int = 0) -> Path:
+    """A Stanford ColBERT checkpoint (`HF_ColBERT`): a BERT whose weights hold the
+    projection (`linear.weight`, 32 -> 16) beside the encoder's (`bert.*`), settings in
+    `artifact.metadata`, its [unused0] / [unused1] markers and punctuation plain
+    entries of the WordPiece vocabulary (text would split the markers)."""
+    import json
+
+    from safetensors.torch import save_file
+    from transformers import BertConfig, BertModel
+
+    folder.mkdir(parents=True, exist_ok=True)
+    tokenizer = train_tokenizer()
+    vocabulary = tokenizer.get_vocab()
+    for entry in ("[unused0]", "[unused1]", ".", ","):
+        vocabulary[entry] = len(vocabulary)
+    tokenizer.model = models.WordPiece(vocab=vocabulary, unk_token="[UNK]")
+    save_hf_tokenizer(tokenizer, folder, model_max_length=64)
+    config = BertConfig(vocab_size=len(vocabulary), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                        intermediate_size=64, max_position_embeddings=64, pad_token_id=0,
+                        architectures=["HF_ColBERT"])
+    torch.manual_seed(seed)
+    weights = {f"bert.{key}": value.contiguous() for key, value in BertModel(config).state_dict().items()}
+    weights["linear.weight"] = torch.randn(16, 32)
+    config.save_pretrained(folder)
+    (folder / "config.json").write_text(json.dumps({**json.loads((folder / "config.json").read_text()),
+                                                    "architectures": ["HF_ColBERT"]}))
+    save_file(weights, str(folder / "model.safetensors"))
+    (folder / "artifact.metadata").write_text(json.dumps({
+        "query_token_id": "[unused0]", "doc_token_id": "[unused1]", "query_maxlen": 16, "doc_maxlen": 24,
+        "attend_to_mask_tokens": False, "mask_punctuation": True, "similarity": "cosine", "dim": 16}))
     return folder

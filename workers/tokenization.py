@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Sequence
 from pathlib import Path
 
 import msgspec
 import numpy as np
-from tokenizers import Encoding, Tokenizer
+from tokenizers import AddedToken, Encoding, Tokenizer
 
 from infinity.shared import protocol
 from infinity.shared.protocol import ModelSpec
@@ -47,7 +48,8 @@ def reply(tokenizer: "ModelTokenizer | TaskTokenizer", request: protocol.Tokeniz
         return protocol.Failed(request.request_id, protocol.ErrorKind.INTERNAL, f"tokenization failed: {exc}")
 
 
-def load_tokenizer(spec: ModelSpec) -> Tokenizer:
+def load_tokenizer(spec: ModelSpec, markers: Sequence[str] = ()) -> Tokenizer:
+    """The model's fast tokenizer, without padding or truncation; `markers` kept whole."""
     path = Path(spec.path) / "tokenizer.json"
     if path.is_file():
         tokenizer = Tokenizer.from_file(str(path))
@@ -57,6 +59,8 @@ def load_tokenizer(spec: ModelSpec) -> Tokenizer:
         tokenizer = AutoTokenizer.from_pretrained(spec.path, use_fast=True).backend_tokenizer
     tokenizer.no_padding()
     tokenizer.no_truncation()
+    if markers:
+        tokenizer.add_special_tokens([AddedToken(marker, normalized=False, special=True) for marker in markers])
     return tokenizer
 
 
@@ -79,9 +83,10 @@ class ModelTokenizer:
     `max_length` tokens, which are exactly those of the whole text (see `_readable`).
     """
 
-    def __init__(self, spec: ModelSpec) -> None:
+    def __init__(self, spec: ModelSpec, markers: Sequence[str] = ()) -> None:
+        """`markers`: tokens a prompt starts with, kept whole (`TaskEncoding.markers`)."""
         self._spec = spec
-        self._tokenizer = load_tokenizer(spec)
+        self._tokenizer = load_tokenizer(spec, markers)
         config = json.loads((Path(spec.path) / "config.json").read_text())
         self._vocab_size = int(config["vocab_size"])
         # Pairs keep the query whole and cut the document, unless the query alone is too
@@ -203,7 +208,7 @@ class TaskTokenizer:
 
     def __init__(self, spec: ModelSpec) -> None:
         self._tasks = {task: (encoding, ModelTokenizer(msgspec.structs.replace(
-                           spec, tasks={}, max_length=encoding.max_length or spec.max_length)))
+                           spec, tasks={}, max_length=encoding.max_length or spec.max_length), encoding.markers))
                        for task, encoding in spec.tasks.items()}
 
     def tokenize(self, request: protocol.Tokenize) -> protocol.Tokenized:

@@ -34,6 +34,9 @@ class TaskEncoding(msgspec.Struct, frozen=True):
     expansion_id: int = 0
     attend_expansion: bool = False
     skip_ids: list[int] = []  # tokens whose states are left out of the output
+    # Tokens a prompt starts with that the tokenizer must keep whole (older ColBERT
+    # layouts inserted them as tokens in training; as text they would split).
+    markers: list[str] = []
 
     @property
     def adds_unattended_tokens(self) -> bool:

@@ -5,12 +5,11 @@ L2-normalised if the model says so: each input gives an (n_tokens, dim) float32 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 import torch
-from safetensors.torch import load_file
+from safetensors import safe_open
 
 from infinity.shared.protocol import ModelSpec
 from workers.engines.base import RawOutput
@@ -39,10 +38,20 @@ class TokenVectors:
 
 
 def _projection(folder: Path) -> torch.nn.Linear:
-    """The linear layer of a sentence-transformers Dense module (its activation, checked
-    at start, is the identity)."""
-    config = json.loads((folder / "config.json").read_text())
-    layer = torch.nn.Linear(config["in_features"], config["out_features"], bias=config.get("bias", True))
-    layer.load_state_dict({key.removeprefix("linear."): value.float()
-                           for key, value in load_file(str(folder / "model.safetensors")).items()})
+    """The linear layer (`linear.weight`, `linear.bias` if any) among the weights in
+    `folder`: a sentence-transformers Dense module's (its activation, checked at start,
+    is the identity) or a Stanford ColBERT checkpoint's own."""
+    weights = _linear_weights(folder)
+    out_features, in_features = weights["weight"].shape
+    layer = torch.nn.Linear(in_features, out_features, bias="bias" in weights)
+    layer.load_state_dict(weights)
     return layer.eval()
+
+
+def _linear_weights(folder: Path) -> dict[str, torch.Tensor]:
+    if (folder / "model.safetensors").is_file():
+        with safe_open(str(folder / "model.safetensors"), framework="pt") as weights:
+            return {key.removeprefix("linear."): weights.get_tensor(key).float()
+                    for key in weights.keys() if key.startswith("linear.")}
+    weights = torch.load(folder / "pytorch_model.bin", map_location="cpu", weights_only=True)
+    return {key.removeprefix("linear."): value.float() for key, value in weights.items() if key.startswith("linear.")}
