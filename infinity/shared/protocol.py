@@ -123,11 +123,14 @@ class Cancel(msgspec.Struct, tag=True, array_like=True):
 class Ragged(msgspec.Struct, array_like=True):
     """Outputs whose size depends on the input (a vector per token, a sparse vector), one
     array per input, sent with `Done` rather than written to the arena: the array of the
-    input in slot `slots[i]` has shape `shapes[i]`; all are of `dtype` (numpy's string for
-    it), concatenated in C order in `data`."""
+    input in slot `slots[i]` has shape `shapes[i]`; all are of `dtype`, concatenated in C
+    order in `data`. `dtype` is numpy's description of it, as .npy files hold it
+    (`numpy.lib.format.dtype_to_descr`): a type string such as "<f4", or a structured
+    type's (name, type string) fields, so that records (a sparse vector's int32 index and
+    float32 value, say) travel exactly."""
 
     slots: list[int]
-    dtype: str
+    dtype: str | list[tuple[str, str]]
     shapes: list[list[int]]
     data: bytes
 
