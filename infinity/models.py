@@ -49,7 +49,7 @@ def resolve_model(model: ModelConfig) -> ModelSpec:
     kind = _detect_kind(transformer_dir, modules) if model.kind == "auto" else model.kind
     if kind == "multivector":
         _check_multivector(folder, modules)
-    return ModelSpec(
+    spec = ModelSpec(
         name=model.name,
         kind=kind,
         path=str(transformer_dir),
@@ -68,15 +68,22 @@ def resolve_model(model: ModelConfig) -> ModelSpec:
         compile=model.compile,
         projection=str(folder / modules["Dense"]) if kind == "multivector" and "Dense" in modules else None,
     )
+    if kind == "sparse":
+        spec = msgspec.structs.replace(spec, **_splade_settings(model, folder, modules, transformer_dir))
+    return spec
 
 
 def _detect_kind(transformer_dir: Path, modules: dict[str, str]) -> str:
-    """A sentence-transformers MultiVectorEncoder folder gives a vector per token; a
+    """A sentence-transformers MultiVectorEncoder folder gives a vector per token, a
+    SparseEncoder folder (SPLADE) a sparse vector over the vocabulary; a
     sequence-classification head with one label reranks, with several it classifies
     (whether saved by transformers or by sentence-transformers' CrossEncoder); any other
-    encoder embeds."""
+    encoder embeds (a plain masked-language-model folder too: `kind = "sparse"` serves it
+    as SPLADE)."""
     if "MultiVectorMask" in modules:
         return "multivector"
+    if "SpladePooling" in modules:
+        return "sparse"
     config = json.loads((transformer_dir / "config.json").read_text())
     if any(a.endswith("ForSequenceClassification") for a in config.get("architectures") or []):
         return "rerank" if num_labels(config) == 1 else "classify"
@@ -99,13 +106,18 @@ def _engine(model: ModelConfig, kind: str, transformer_dir: Path) -> str:
     which they served the default model on CPUs at every load (bench/RESULTS.md,
     "Engines"). If the chosen engine cannot load the model, the inference process falls
     back to torch."""
+    # CTranslate2 converts encoders and classification heads, not masked-language-model heads.
+    ctranslate2_converts = kind != "sparse"
+    if model.engine == "ctranslate2" and not ctranslate2_converts:
+        raise ConfigError(f"model '{model.name}': the ctranslate2 engine does not convert the masked-language-model "
+                          "head a sparse model needs; use engine = \"onnx\", \"torch\" or \"auto\"")
     if model.engine != "auto":
         return model.engine
     on_cpus = all(devices.is_cpu(d) for d in model.devices)
     if model.compile or not on_cpus or model.dtype not in ("auto", "float32", "int8"):
         return "torch"
     config = json.loads((transformer_dir / "config.json").read_text())
-    if (config.get("model_type") in CTRANSLATE2_FAMILIES
+    if (ctranslate2_converts and config.get("model_type") in CTRANSLATE2_FAMILIES
             # What its converter requires; transformers 5 writes no key: absolute positions.
             and config.get("position_embedding_type", "absolute") == "absolute"
             and importlib.util.find_spec("ctranslate2") is not None):
@@ -161,6 +173,18 @@ def _download(model: ModelConfig) -> Path:
         ) from None
 
 
+# The sentence-transformers modules served, by the last component of their type.
+SERVED_MODULES = ("Transformer", "Pooling", "Normalize", "Dense", "MultiVectorMask", "SpladePooling")
+# Modules of sentence-transformers' SparseEncoder that are not served, and what they are.
+UNSERVED_SPARSE_MODULES = {
+    "SparseStaticEmbedding": "inference-free sparse weights, one per vocabulary token",
+    "SparseAutoEncoder": "a sparse auto-encoder over dense embeddings (CSR)",
+    "CSRSparsity": "a sparse auto-encoder over dense embeddings (CSR)",
+    "Router": "separate query and document modules, as in inference-free SPLADE",
+    "Asym": "separate query and document modules, as in inference-free SPLADE",
+}
+
+
 def _sentence_transformers_modules(folder: Path) -> dict[str, str]:
     """Module type (last dotted component) -> sub-folder, from modules.json if present."""
     path = folder / "modules.json"
@@ -169,10 +193,32 @@ def _sentence_transformers_modules(folder: Path) -> dict[str, str]:
     modules = {}
     for entry in json.loads(path.read_text()):
         kind = entry["type"].rsplit(".", 1)[-1]
-        if kind not in ("Transformer", "Pooling", "Normalize", "Dense", "MultiVectorMask"):
+        if kind == "MLMTransformer":  # sentence-transformers 5's name for a SPLADE model's transformer
+            kind = "Transformer"
+        if kind in UNSERVED_SPARSE_MODULES:
+            raise ConfigError(f"{folder}: sentence-transformers module {entry['type']} "
+                              f"({UNSERVED_SPARSE_MODULES[kind]}) is not served; sparse models are served as "
+                              "SPLADE: a masked-language-model Transformer and SpladePooling")
+        if kind not in SERVED_MODULES:
             raise ConfigError(f"{folder}: sentence-transformers module {entry['type']} is not supported")
         modules[kind] = entry.get("path", "")
     return modules
+
+
+def _settings(folder: Path, modules: dict[str, str]) -> dict:
+    """The model-wide sentence-transformers settings of a folder: its transformer's
+    sentence_bert_config.json, then config_sentence_transformers.json."""
+    settings = {}
+    for path in (folder / modules.get("Transformer", "") / "sentence_bert_config.json",
+                 folder / "config_sentence_transformers.json"):
+        if path.is_file():
+            settings.update(json.loads(path.read_text()))
+    return settings
+
+
+def _check_no_prompts(name: str, settings: dict) -> None:
+    if any((settings.get("prompts") or {}).values()):
+        raise ConfigError(f"model '{name}': query and document prompts are not served yet")
 
 
 def _check_multivector(folder: Path, modules: dict[str, str]) -> None:
@@ -180,15 +226,10 @@ def _check_multivector(folder: Path, modules: dict[str, str]) -> None:
     vectors that differ from the model's own: query expansion, prompts, a skiplist, an
     allowlist of token ids, a projection with an activation."""
     name = folder.name
-    settings = {}
-    for path in (folder / modules.get("Transformer", "") / "sentence_bert_config.json",
-                 folder / "config_sentence_transformers.json"):
-        if path.is_file():
-            settings.update(json.loads(path.read_text()))
+    settings = _settings(folder, modules)
     if settings.get("query_expansion") or settings.get("query_length") or settings.get("document_length"):
         raise ConfigError(f"model '{name}': query expansion and per-task lengths are not served yet")
-    if any(settings.get("prompts", {}).values()):
-        raise ConfigError(f"model '{name}': query and document prompts are not served yet")
+    _check_no_prompts(name, settings)
     if "MultiVectorMask" in modules:
         mask = json.loads((folder / modules["MultiVectorMask"] / "config.json").read_text())
         if mask.get("skiplist_words") or mask.get("keep_only_token_ids"):
@@ -197,6 +238,38 @@ def _check_multivector(folder: Path, modules: dict[str, str]) -> None:
         dense = json.loads((folder / modules["Dense"] / "config.json").read_text())
         if not dense.get("activation_function", "Identity").endswith("Identity"):
             raise ConfigError(f"model '{name}': a projection with an activation is not served yet")
+
+
+def _splade_settings(model: ModelConfig, folder: Path, modules: dict[str, str], transformer_dir: Path) -> dict:
+    """The fields of a sparse model's spec, from its SpladePooling module (sentence-
+    transformers' defaults, max of log(1 + relu), for a plain masked-language-model
+    folder) and its max_active_dims; anything it asks that is not served is refused, so
+    no vector differs from the model's own."""
+    architectures = json.loads((transformer_dir / "config.json").read_text()).get("architectures") or []
+    if not any(a.endswith("ForMaskedLM") for a in architectures):
+        raise ConfigError(f"model '{model.name}': a sparse model needs a masked-language-model head (a *ForMaskedLM "
+                          f"in config.json's architectures); {transformer_dir} has {architectures or 'none'}")
+    others = sorted(set(modules) - {"Transformer", "SpladePooling"})
+    if others:
+        raise ConfigError(f"model '{model.name}': sentence-transformers modules {', '.join(others)} beside a sparse "
+                          "model's Transformer and SpladePooling are not served")
+    if model.pooling is not None or model.normalize:
+        raise ConfigError(f"model '{model.name}': pooling and normalize do not apply to a sparse model "
+                          "(its SpladePooling module says how it pools; its vectors are not normalised)")
+    settings = _settings(folder, modules)
+    if settings.get("transformer_task", "fill-mask") != "fill-mask":
+        raise ConfigError(f"model '{model.name}': SpladePooling over a {settings['transformer_task']} transformer "
+                          "is not served (it pools masked-language-model logits)")
+    _check_no_prompts(model.name, settings)
+    pooling = {"pooling_strategy": "max", "activation_function": "relu"}
+    if "SpladePooling" in modules:
+        pooling.update(json.loads((folder / modules["SpladePooling"] / "config.json").read_text()))
+    if (pooling["pooling_strategy"] not in ("max", "sum")
+            or pooling["activation_function"] not in ("relu", "log1p_relu")):
+        raise ConfigError(f"model '{model.name}': SpladePooling {pooling} is not served (pooling_strategy max or sum, "
+                          "activation_function relu or log1p_relu)")
+    return {"pooling": pooling["pooling_strategy"], "normalize": False,
+            "sparse_activation": pooling["activation_function"], "max_active_dims": settings.get("max_active_dims")}
 
 
 def _pooling_from_folder(folder: Path, modules: dict[str, str]) -> str | None:

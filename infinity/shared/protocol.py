@@ -26,14 +26,14 @@ class ModelSpec(msgspec.Struct, frozen=True):
     one replica: a model on several devices has one spec per device, alike but for `device`."""
 
     name: str
-    kind: str  # "embed", "rerank", "classify" or "multivector"
+    kind: str  # "embed", "rerank", "classify", "multivector" or "sparse"
     path: str  # folder with config.json, weights and the tokenizer
     device: str  # normalised: "cpu", "cpu:1", "cuda:0", "rocm:0", "mps" (infinity/shared/devices.py)
     engine: str
     # The engine to load if `engine` fails, when `engine` was chosen by "auto".
     fallback_engine: str | None
     dtype: str
-    pooling: str
+    pooling: str  # an embedder's "mean", "cls" or "lasttoken"; a sparse model's "max" or "sum" over tokens
     normalize: bool
     max_length: int
     truncate: bool
@@ -45,6 +45,12 @@ class ModelSpec(msgspec.Struct, frozen=True):
     # A multi-vector model's projection of token states: the folder of its
     # sentence-transformers Dense module (None: the token states as they are).
     projection: str | None = None
+    # A sparse (SPLADE) model's activation of each token's logits before `pooling`:
+    # "relu" is log(1 + relu(x)), "log1p_relu" log(1 + log(1 + relu(x))).
+    sparse_activation: str = "relu"
+    # A sparse model's own cap on its nonzero entries (sentence-transformers'
+    # max_active_dims): only the largest this many are answered (None: all).
+    max_active_dims: int | None = None
 
 
 class WorkerArgs(msgspec.Struct, frozen=True):
@@ -66,7 +72,9 @@ class ModelInfo(msgspec.Struct, frozen=True, array_like=True):
 
     name: str
     kind: str
-    dim: int  # floats per input (per token if `ragged`): embedding size, 1 for a reranker, labels of a classifier
+    # Floats per input (per token if `ragged`): embedding size, 1 for a reranker, labels of
+    # a classifier; a sparse model's vocabulary size (the range of its indices).
+    dim: int
     max_length: int
     labels: list[str]  # a classifier's labels, by output index
     # "sigmoid", "softmax" or "none": what turns raw scores into relevance / probabilities
