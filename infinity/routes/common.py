@@ -25,8 +25,8 @@ MODEL_ERRORS = (400, 404, 408, 413, 415, 422, 429, 503)
 # The model name infinity's generated client sends when its caller names none.
 UNNAMED_MODEL = "default/not-specified"
 # The route that serves each model kind.
-KIND_ROUTES = {"embed": "/v1/embeddings", "multivector": "/v1/embeddings", "rerank": "/v1/rerank",
-               "classify": "/v1/classify"}
+KIND_ROUTES = {"embed": "/v1/embeddings", "multivector": "/v1/embeddings", "sparse": "/v1/embeddings",
+               "rerank": "/v1/rerank", "classify": "/v1/classify"}
 
 
 @dataclass(frozen=True)
@@ -35,7 +35,7 @@ class Route:
     returns the operation's answer type (`body` is None for routes without one)."""
 
     operation: openapi.Operation
-    serve: Callable[[web.Request, Any], Awaitable[Struct]]
+    serve: Callable[[web.Request, Any], Awaitable[Struct | list]]
 
 
 def served_model(request: web.Request, name: str | None, kind: str, *other_kinds: str) -> ServedModel:
