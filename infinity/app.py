@@ -12,6 +12,7 @@ import hmac
 import logging
 import os
 import signal
+import typing
 from collections.abc import Awaitable, Callable
 from importlib.metadata import version
 from typing import Any
@@ -75,11 +76,13 @@ def create_app(config: Config, specs: list[ModelSpec], launch: Launch = spawn_pr
 def _handler(route: Route) -> Handler:
     """The aiohttp handler of `route`: decode the body, serve, encode the answer."""
     op = route.operation
+    # A NewType answer (a bare list) is an instance of the class of the type it names.
+    answer_class = typing.get_origin(getattr(op.answer, "__supertype__", None)) or op.answer
 
     async def handle(request: web.Request) -> web.Response:
         body = await _read(request, op.body) if op.body is not None else None
         answer = await route.serve(request, body)
-        assert isinstance(answer, op.answer), f"{op.path} answered {type(answer).__name__}"
+        assert isinstance(answer, answer_class), f"{op.path} answered {type(answer).__name__}"
         return web.Response(body=msgspec.json.encode(answer), content_type="application/json")
 
     return handle

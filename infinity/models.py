@@ -51,12 +51,12 @@ def resolve_model(model: ModelConfig) -> ModelSpec:
     multivector = read_folder(folder, modules, max_length) if kind == "multivector" else None
     tasks = multivector.tasks if multivector else {}
     normalize = multivector.normalize if multivector else ("Normalize" in modules or not modules)
-    return ModelSpec(
+    spec = ModelSpec(
         name=model.name,
         kind=kind,
         path=str(transformer_dir),
         device=model.devices[0],
-        engine=(engine := _engine(model, transformer_dir, tasks)),
+        engine=(engine := _engine(model, kind, transformer_dir, tasks)),
         fallback_engine="torch" if model.engine == "auto" and engine != "torch" else None,
         dtype=_dtype(model),
         pooling=pooling,
@@ -72,15 +72,22 @@ def resolve_model(model: ModelConfig) -> ModelSpec:
         tasks=tasks,
         similarity=multivector.similarity if multivector else "",
     )
+    if kind == "sparse":
+        spec = msgspec.structs.replace(spec, **_splade_settings(model, folder, modules, transformer_dir))
+    return spec
 
 
 def _detect_kind(folder: Path, transformer_dir: Path, modules: dict[str, str]) -> str:
-    """A multi-vector (ColBERT) folder gives a vector per token; a sequence-classification
-    head with one label reranks, with several it classifies (whether saved by transformers
-    or by sentence-transformers' CrossEncoder); any other encoder embeds."""
+    """A multi-vector (ColBERT) folder gives a vector per token, a SparseEncoder folder
+    (SPLADE) a sparse vector over the vocabulary; a sequence-classification head with one
+    label reranks, with several it classifies (whether saved by transformers or by
+    sentence-transformers' CrossEncoder); any other encoder embeds (a plain
+    masked-language-model folder too: `kind = "sparse"` serves it as SPLADE)."""
     config = json.loads((transformer_dir / "config.json").read_text())
     if is_multivector(folder, modules, config):
         return "multivector"
+    if "SpladePooling" in modules:
+        return "sparse"
     if any(a.endswith("ForSequenceClassification") for a in config.get("architectures") or []):
         return "rerank" if num_labels(config) == 1 else "classify"
     return "embed"
@@ -95,24 +102,30 @@ def _dtype(model: ModelConfig) -> str:
     return "float16" if on_gpus else "float32"
 
 
-def _engine(model: ModelConfig, transformer_dir: Path, tasks: dict[str, TaskEncoding]) -> str:
+def _engine(model: ModelConfig, kind: str, transformer_dir: Path, tasks: dict[str, TaskEncoding]) -> str:
     """`engine = "auto"`: on CPUs at float32 or int8, CTranslate2 for the families it
-    converts (unless inputs hold tokens it must compute without attending to them, as in
-    ColBERT's query expansion), else ONNX Runtime (any encoder torch exports), each only if its extra is
+    converts, else ONNX Runtime (any encoder torch exports), each only if its extra is
     installed; torch for everything else (GPUs, other dtypes, `compile`): the order in
     which they served the default model on CPUs at every load (bench/RESULTS.md,
     "Engines"). If the chosen engine cannot load the model, the inference process falls
     back to torch."""
+    # CTranslate2 converts encoders and classification heads, not masked-language-model
+    # heads, and computes attended tokens only (not ColBERT's unattended expansion tokens).
+    ctranslate2_lacks = ("the masked-language-model head a sparse model needs" if kind == "sparse"
+                         else "the query expansion tokens this model reads without attending to them"
+                         if any(task.adds_unattended_tokens for task in tasks.values()) else None)
+    if model.engine == "ctranslate2" and ctranslate2_lacks:
+        raise ConfigError(f"model '{model.name}': the ctranslate2 engine cannot compute {ctranslate2_lacks}; "
+                          "use engine = \"onnx\", \"torch\" or \"auto\"")
     if model.engine != "auto":
         return model.engine
     on_cpus = all(devices.is_cpu(d) for d in model.devices)
     if model.compile or not on_cpus or model.dtype not in ("auto", "float32", "int8"):
         return "torch"
     config = json.loads((transformer_dir / "config.json").read_text())
-    if (config.get("model_type") in CTRANSLATE2_FAMILIES
+    if (not ctranslate2_lacks and config.get("model_type") in CTRANSLATE2_FAMILIES
             # What its converter requires; transformers 5 writes no key: absolute positions.
             and config.get("position_embedding_type", "absolute") == "absolute"
-            and not any(task.adds_unattended_tokens for task in tasks.values())
             and importlib.util.find_spec("ctranslate2") is not None):
         return "ctranslate2"
     if importlib.util.find_spec("onnxruntime") is not None and importlib.util.find_spec("onnxscript") is not None:
@@ -166,6 +179,18 @@ def _download(model: ModelConfig) -> Path:
         ) from None
 
 
+# The sentence-transformers modules served, by the last component of their type.
+SERVED_MODULES = ("Transformer", "Pooling", "Normalize", "Dense", "MultiVectorMask", "SpladePooling")
+# Modules of sentence-transformers' SparseEncoder that are not served, and what they are.
+UNSERVED_SPARSE_MODULES = {
+    "SparseStaticEmbedding": "inference-free sparse weights, one per vocabulary token",
+    "SparseAutoEncoder": "a sparse auto-encoder over dense embeddings (CSR)",
+    "CSRSparsity": "a sparse auto-encoder over dense embeddings (CSR)",
+    "Router": "separate query and document modules, as in inference-free SPLADE",
+    "Asym": "separate query and document modules, as in inference-free SPLADE",
+}
+
+
 def _sentence_transformers_modules(folder: Path) -> dict[str, str]:
     """Module type (last dotted component) -> sub-folder, from modules.json if present."""
     path = folder / "modules.json"
@@ -174,10 +199,60 @@ def _sentence_transformers_modules(folder: Path) -> dict[str, str]:
     modules = {}
     for entry in json.loads(path.read_text()):
         kind = entry["type"].rsplit(".", 1)[-1]
-        if kind not in ("Transformer", "Pooling", "Normalize", "Dense", "MultiVectorMask"):
+        if kind == "MLMTransformer":  # sentence-transformers 5's name for a SPLADE model's transformer
+            kind = "Transformer"
+        if kind in UNSERVED_SPARSE_MODULES:
+            raise ConfigError(f"{folder}: sentence-transformers module {entry['type']} "
+                              f"({UNSERVED_SPARSE_MODULES[kind]}) is not served; sparse models are served as "
+                              "SPLADE: a masked-language-model Transformer and SpladePooling")
+        if kind not in SERVED_MODULES:
             raise ConfigError(f"{folder}: sentence-transformers module {entry['type']} is not supported")
         modules[kind] = entry.get("path", "")
     return modules
+
+
+def _settings(folder: Path, modules: dict[str, str]) -> dict:
+    """The model-wide sentence-transformers settings of a folder: its transformer's
+    sentence_bert_config.json, then config_sentence_transformers.json."""
+    settings = {}
+    for path in (folder / modules.get("Transformer", "") / "sentence_bert_config.json",
+                 folder / "config_sentence_transformers.json"):
+        if path.is_file():
+            settings.update(json.loads(path.read_text()))
+    return settings
+
+
+def _splade_settings(model: ModelConfig, folder: Path, modules: dict[str, str], transformer_dir: Path) -> dict:
+    """The fields of a sparse model's spec, from its SpladePooling module (sentence-
+    transformers' defaults, max of log(1 + relu), for a plain masked-language-model
+    folder) and its max_active_dims; anything it asks that is not served is refused, so
+    no vector differs from the model's own."""
+    architectures = json.loads((transformer_dir / "config.json").read_text()).get("architectures") or []
+    if not any(a.endswith("ForMaskedLM") for a in architectures):
+        raise ConfigError(f"model '{model.name}': a sparse model needs a masked-language-model head (a *ForMaskedLM "
+                          f"in config.json's architectures); {transformer_dir} has {architectures or 'none'}")
+    others = sorted(set(modules) - {"Transformer", "SpladePooling"})
+    if others:
+        raise ConfigError(f"model '{model.name}': sentence-transformers modules {', '.join(others)} beside a sparse "
+                          "model's Transformer and SpladePooling are not served")
+    if model.pooling is not None or model.normalize:
+        raise ConfigError(f"model '{model.name}': pooling and normalize do not apply to a sparse model "
+                          "(its SpladePooling module says how it pools; its vectors are not normalised)")
+    settings = _settings(folder, modules)
+    if settings.get("transformer_task", "fill-mask") != "fill-mask":
+        raise ConfigError(f"model '{model.name}': SpladePooling over a {settings['transformer_task']} transformer "
+                          "is not served (it pools masked-language-model logits)")
+    if any((settings.get("prompts") or {}).values()):
+        raise ConfigError(f"model '{model.name}': query and document prompts of a sparse model are not served yet")
+    pooling = {"pooling_strategy": "max", "activation_function": "relu"}
+    if "SpladePooling" in modules:
+        pooling.update(json.loads((folder / modules["SpladePooling"] / "config.json").read_text()))
+    if (pooling["pooling_strategy"] not in ("max", "sum")
+            or pooling["activation_function"] not in ("relu", "log1p_relu")):
+        raise ConfigError(f"model '{model.name}': SpladePooling {pooling} is not served (pooling_strategy max or sum, "
+                          "activation_function relu or log1p_relu)")
+    return {"pooling": pooling["pooling_strategy"], "normalize": False,
+            "sparse_activation": pooling["activation_function"], "max_active_dims": settings.get("max_active_dims")}
 
 
 def _pooling_from_folder(folder: Path, modules: dict[str, str]) -> str | None:

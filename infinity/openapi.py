@@ -8,7 +8,7 @@ from __future__ import annotations
 import html
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NewType
 
 import msgspec
 
@@ -42,7 +42,8 @@ class Operation:
     aliases: tuple[str, ...]  # other paths serving the same operation
     summary: str
     body: type[msgspec.Struct] | None
-    answer: type[msgspec.Struct]
+    # A Struct, or a NewType that names an answer of another shape (a bare list).
+    answer: type[msgspec.Struct] | NewType
     errors: tuple[int, ...]
     kinds: tuple[str, ...] = ()  # the kinds of model the body's `model` may name (embed, rerank, ...)
 
@@ -51,8 +52,12 @@ def document(operations: list[Operation], title: str, version: str, models: dict
              url_prefix: str = "", api_key: bool = False) -> dict[str, Any]:
     """The OpenAPI 3.1 document of `operations`, on a server that serves `models` (names by
     kind): a request body's `model` is one of those of its operation's kinds."""
-    types = [ErrorResponse] + [t for op in operations for t in (op.body, op.answer) if t is not None]
-    _, components = msgspec.json.schema_components(list(dict.fromkeys(types)), ref_template=_REF)
+    types = list(dict.fromkeys([ErrorResponse] + [t for op in operations for t in (op.body, op.answer)
+                                                  if t is not None]))
+    schemas, components = msgspec.json.schema_components(types, ref_template=_REF)
+    for named, schema in zip(types, schemas):
+        if "$ref" not in schema:  # a NewType's: referenced by its name like the others
+            components[named.__name__] = schema
     for op in operations:
         if op.body is not None and op.kinds:
             kinds = " or ".join(op.kinds)
@@ -95,8 +100,8 @@ def _operation(op: Operation, path: str, api_key: bool) -> dict[str, Any]:
     return operation
 
 
-def _json_content(struct: type[msgspec.Struct]) -> dict[str, Any]:
-    return {"application/json": {"schema": {"$ref": _REF.format(name=struct.__name__)}}}
+def _json_content(named: type[msgspec.Struct] | NewType) -> dict[str, Any]:
+    return {"application/json": {"schema": {"$ref": _REF.format(name=named.__name__)}}}
 
 
 def render_html(doc: dict[str, Any]) -> str:

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import zmq
+from numpy.lib.format import descr_to_dtype
 
 from infinity.config import ServerConfig
 from infinity.errors import ServingError
@@ -376,7 +377,7 @@ def _within(texts: list[str] | None, limit: int) -> list[str] | None:
 
 def _by_slot(outputs: protocol.Ragged) -> dict[int, np.ndarray]:
     """The arrays of a `Ragged` message part, by slot."""
-    dtype = np.dtype(outputs.dtype)
+    dtype = descr_to_dtype(outputs.dtype)
     data = np.frombuffer(outputs.data, dtype=dtype)
     arrays, start = {}, 0
     for slot, shape in zip(outputs.slots, outputs.shapes):

@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, NewType, TypeVar
 
 import msgspec
 import numpy as np
@@ -43,10 +43,15 @@ Documents = Annotated[Any, Meta(
 # Queries and documents, in OpenAI-style and in Cohere's names.
 InputType = Literal["query", "document", "search_query", "search_document"]
 
+# A sparse model's answer per input: its largest this many values (then by index).
+TopK = Annotated[int, Meta(ge=1, description="A sparse model's largest this many values per input, "
+                                             "sorted by index; none: every nonzero value")]
+
 
 class EmbeddingRequest(Struct):
     """OpenAI embeddings, plus the output type: `embedding_type` (one, in each item's
-    `embedding`) or `embedding_types` (several, in each item's `embeddings`)."""
+    `embedding`) or `embedding_types` (several, in each item's `embeddings`), and a sparse
+    model's `top_k`."""
 
     input: TextOrTokens
     model: str | None = None
@@ -63,6 +68,7 @@ class EmbeddingRequest(Struct):
     def task(self) -> str | None:
         """The `input_type` in the model's terms: "query", "document" or None (not given)."""
         return None if self.input_type is None else self.input_type.removeprefix("search_")
+    top_k: TopK | None = None
 
     def output_types(self, default: EmbeddingType) -> list[EmbeddingType]:
         """The requested types (see `output_types`); `embedding_type` stands in for the default."""
@@ -101,6 +107,20 @@ def output_types(types: list[_Type] | None, default: _Type) -> list[_Type]:
     return list(dict.fromkeys(types))
 
 
+class SparseEmbedRequest(Struct):
+    """TEI's `/embed_sparse` body, plus `model` (a served sparse model; none: the only one)
+    and `top_k`. Long inputs are cut at the end as the model's `truncate` setting says;
+    `truncate: false` refuses them (422) even where the model would cut them. A served
+    sparse model has no prompts, so `prompt_name` is refused."""
+
+    inputs: TextOrTokens
+    model: str | None = None
+    truncate: bool | None = None
+    truncation_direction: Literal["Right"] = "Right"
+    prompt_name: str | None = None
+    top_k: TopK | None = None
+
+
 class RerankRequest(Struct):
     """Cohere v1/v2 and Jina rerank bodies (their other fields are accepted and ignored)."""
 
@@ -129,10 +149,19 @@ class Usage(Struct):
     truncated_inputs: int
 
 
+class SparseEmbedding(Struct):
+    """A sparse model's vector: its nonzero values and their indices (vocabulary entries),
+    by index."""
+
+    indices: list[int]
+    values: list[float]
+
+
 # A list of numbers (floats, or integers for the quantised types), or with base64 the
 # base64 of the row's raw little-endian bytes; for a multi-vector model, a list of such
-# lists (one per token), or the base64 of all the rows' bytes in order.
-Embedding = list[float | list[float]] | str
+# lists (one per token), or the base64 of all the rows' bytes in order; for a sparse
+# model, its indices and values.
+Embedding = list[float | list[float]] | str | SparseEmbedding
 
 
 class EmbeddingData(Struct, kw_only=True):
@@ -148,6 +177,15 @@ class EmbeddingResponse(Struct, kw_only=True):
     data: list[EmbeddingData]
     model: str
     usage: Usage
+
+
+class SparseValue(Struct):
+    index: int
+    value: float
+
+
+# TEI's `/embed_sparse` answer: per input, its nonzero values by index (a bare JSON list).
+SparseEmbedResponse = NewType("SparseEmbedResponse", list[list[SparseValue]])
 
 
 class ApiVersion(Struct):
@@ -233,7 +271,7 @@ class ModelCard(Struct, kw_only=True):
     object: Literal["model"] = "model"
     owned_by: Literal["infinity"] = "infinity"
     created: int
-    kind: Literal["embed", "rerank", "classify", "multivector"]
+    kind: Literal["embed", "rerank", "classify", "multivector", "sparse"]
     capabilities: list[str]
     backend: str  # the engine of the first replica that loaded
     stats: ModelStats
@@ -424,26 +462,27 @@ def _param_of(message: str) -> str | None:
     return field.rstrip("`") or None if sep else None
 
 
-_SHAPE = ("input must be a non-empty string, a list of non-empty strings, a list of token ids "
+_SHAPE = ("{} must be a non-empty string, a list of non-empty strings, a list of token ids "
           "or a list of lists of token ids")
 
 
-def text_or_token_inputs(value: Any, max_items: int) -> ModelInputs:
-    """Check `input` of an embeddings or classify request and sort it into texts or token ids."""
+def text_or_token_inputs(value: Any, max_items: int, param: str = "input") -> ModelInputs:
+    """Check the inputs of an embeddings or classify request (the field `param`) and sort
+    them into texts or token ids."""
     if isinstance(value, str):
         if not value:
-            raise APIError(422, "input must not be an empty string", param="input")
+            raise APIError(422, f"{param} must not be an empty string", param=param)
         return ModelInputs(texts=[value])
     if not isinstance(value, list) or not value:
-        raise APIError(422, _SHAPE, param="input")
+        raise APIError(422, _SHAPE.format(param), param=param)
     if all(isinstance(v, str) for v in value):
-        return text_inputs(value, max_items, "input")
-    _check_count(len(value), max_items, "input")
+        return text_inputs(value, max_items, param)
+    _check_count(len(value), max_items, param)
     if all(_is_token(v) for v in value):
-        return ModelInputs(token_ids=_in_range([value]))
+        return ModelInputs(token_ids=_in_range([value], param))
     if all(isinstance(v, list) and v and all(_is_token(t) for t in v) for v in value):
-        return ModelInputs(token_ids=_in_range(value))
-    raise APIError(422, _SHAPE, param="input")
+        return ModelInputs(token_ids=_in_range(value, param))
+    raise APIError(422, _SHAPE.format(param), param=param)
 
 
 def text_inputs(texts: list[str], max_items: int, param: str) -> ModelInputs:
@@ -463,13 +502,13 @@ def _check_count(count: int, max_items: int, param: str) -> None:
                             "per request; split it into several requests", param=param)
 
 
-def _in_range(sequences: list[list[int]]) -> list[list[int]]:
+def _in_range(sequences: list[list[int]], param: str) -> list[list[int]]:
     """Token ids travel as int32; the tokenizer process checks the model's own vocabulary."""
     for i, ids in enumerate(sequences):
         bad = next((t for t in ids if not 0 <= t <= _MAX_TOKEN_ID), None)
         if bad is not None:
-            raise APIError(422, f"input[{i}] holds token id {bad}, outside the model's vocabulary",
-                           param="input")
+            raise APIError(422, f"{param}[{i}] holds token id {bad}, outside the model's vocabulary",
+                           param=param)
     return sequences
 
 

@@ -281,3 +281,44 @@ def save_tiny_stanford_colbert(folder: Path, seed: int = 0) -> Path:
         "query_token_id": "[unused0]", "doc_token_id": "[unused1]", "query_maxlen": 16, "doc_maxlen": 24,
         "attend_to_mask_tokens": False, "mask_punctuation": True, "similarity": "cosine", "dim": 16}))
     return folder
+
+
+# --- sparse (SPLADE) ---------------------------------------------------------------------------
+
+def save_tiny_masked_lm(folder: Path, seed: int = 0) -> Path:
+    """A 2-layer BERT masked language model (hidden size 32, the tiny WordPiece
+    vocabulary), random weights from `seed`, in plain transformers layout
+    (`BertForMaskedLM`, no modules.json). The weights are spread wider than BERT's
+    (`initializer_range` 0.2) and the output bias is -1.5, so that, as in a real SPLADE
+    model, relu keeps part of the vocabulary and zeroes the rest: a fifth to two thirds of
+    the entries of an input are nonzero."""
+    from transformers import BertConfig, BertForMaskedLM
+
+    folder.mkdir(parents=True, exist_ok=True)
+    tokenizer = train_tokenizer()
+    save_hf_tokenizer(tokenizer, folder, 64)
+    config = BertConfig(vocab_size=tokenizer.get_vocab_size(), hidden_size=32, num_hidden_layers=2,
+                        num_attention_heads=2, intermediate_size=64, max_position_embeddings=64, pad_token_id=0,
+                        initializer_range=0.2)
+    torch.manual_seed(seed)
+    model = BertForMaskedLM(config).eval()
+    with torch.no_grad():
+        model.cls.predictions.bias.fill_(-1.5)
+    model.save_pretrained(folder)
+    return folder
+
+
+def save_tiny_sparse(folder: Path, seed: int = 0, pooling: str = "max", activation: str = "relu",
+                     max_active_dims: int | None = None, legacy_module: bool = False) -> Path:
+    """sentence-transformers' own SparseEncoder over a tiny BERT masked language model
+    (Transformer with the fill-mask task -> SpladePooling), saved by it. `legacy_module`:
+    the transformer as sentence-transformers 5's `MLMTransformer` (the type name older
+    SPLADE folders hold)."""
+    from sentence_transformers import SparseEncoder
+    from sentence_transformers.sparse_encoder.modules import MLMTransformer, SpladePooling, Transformer
+
+    masked_lm = str(save_tiny_masked_lm(folder.with_name(folder.name + "-mlm"), seed))
+    transformer = MLMTransformer(masked_lm) if legacy_module else Transformer(masked_lm, transformer_task="fill-mask")
+    SparseEncoder(modules=[transformer, SpladePooling(pooling, activation)],
+                  max_active_dims=max_active_dims).save(str(folder))
+    return folder

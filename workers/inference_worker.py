@@ -20,6 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import zmq
+from numpy.lib.format import dtype_to_descr
 
 from infinity.shared import devices, protocol
 from infinity.shared.protocol import ModelSpec
@@ -173,7 +174,7 @@ def _run(batch: Batch, model: LoadedModel, arena: Arena, scheduler: Scheduler, s
 def _ragged(outputs: dict[int, np.ndarray]) -> protocol.Ragged:
     """A request's variable-size outputs, by slot, as one message part."""
     arrays = list(outputs.values())
-    return protocol.Ragged(list(outputs), arrays[0].dtype.str, [list(array.shape) for array in arrays],
+    return protocol.Ragged(list(outputs), dtype_to_descr(arrays[0].dtype), [list(array.shape) for array in arrays],
                            b"".join(np.ascontiguousarray(array).tobytes() for array in arrays))
 
 

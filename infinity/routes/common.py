@@ -25,9 +25,10 @@ MODEL_ERRORS = (400, 404, 408, 413, 415, 422, 429, 503)
 # The model name infinity's generated client sends when its caller names none.
 UNNAMED_MODEL = "default/not-specified"
 # What each model kind serves (in infinity's capability names), and where.
-KIND_CAPABILITIES = {"embed": ["embed"], "multivector": ["embed", "rerank"], "rerank": ["rerank"],
-                     "classify": ["classify"]}
-CAPABILITY_ROUTES = {"embed": "/v1/embeddings", "rerank": "/v1/rerank", "classify": "/v1/classify"}
+KIND_CAPABILITIES = {"embed": ["embed"], "multivector": ["embed", "rerank"], "sparse": ["sparse"],
+                     "rerank": ["rerank"], "classify": ["classify"]}
+CAPABILITY_ROUTES = {"embed": "/v1/embeddings", "sparse": "/v1/embed_sparse (and /v1/embeddings)",
+                     "rerank": "/v1/rerank", "classify": "/v1/classify"}
 
 
 @dataclass(frozen=True)
@@ -36,7 +37,7 @@ class Route:
     returns the operation's answer type (`body` is None for routes without one)."""
 
     operation: openapi.Operation
-    serve: Callable[[web.Request, Any], Awaitable[Struct]]
+    serve: Callable[[web.Request, Any], Awaitable[Struct | list]]
 
 
 def served_model(request: web.Request, name: str | None, kinds: tuple[str, ...]) -> ServedModel:

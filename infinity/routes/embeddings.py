@@ -1,5 +1,7 @@
 """Embedding routes: OpenAI's `/v1/embeddings` (float, base64, quantised types,
-`dimensions`) and Cohere's v1/v2 embed, encoded straight from the shared-memory arena."""
+`dimensions`; a multi-vector model's matrices; a sparse model's indices and values) and
+Cohere's v1/v2 embed, encoded straight from the shared-memory arena; TEI's
+`/embed_sparse` for sparse (SPLADE) models."""
 
 from __future__ import annotations
 
@@ -16,19 +18,26 @@ from infinity.quantize import EmbeddingType, encode, encode_matrix
 from infinity.routes.common import CONFIG, MODEL_ERRORS, PIPELINE, Route, max_items, served_model, usage
 from infinity.schemas import (ApiVersion, BilledUnits, CohereEmbedRequest, CohereEmbedResponse, CohereMeta,
                               EmbeddingData, EmbeddingRequest, EmbeddingResponse, InputTokens, ModelInputs,
-                              output_types, text_inputs, text_or_token_inputs)
+                              SparseEmbedding, SparseEmbedRequest, SparseEmbedResponse, SparseValue, output_types,
+                              text_inputs, text_or_token_inputs)
 from infinity.topology import ServedModel
 
-OPENAI_KINDS = ("embed", "multivector")  # the model kinds each route serves
+OPENAI_KINDS = ("embed", "multivector", "sparse")  # the model kinds each route serves
 COHERE_KINDS = ("embed",)
+SPARSE_KINDS = ("sparse",)
 
 
 async def embeddings(request: web.Request, body: EmbeddingRequest) -> EmbeddingResponse:
     """OpenAI embeddings; with `embedding_types`, each item holds `embeddings` by type
     instead of `embedding`."""
-    types = body.output_types(request.app[CONFIG].server.embedding_type)
     model = served_model(request, body.model, OPENAI_KINDS)
     inputs = text_or_token_inputs(body.input, max_items(request))
+    if model.spec.kind == "sparse":
+        return await _sparse(request, model, inputs, body)
+    if body.top_k is not None:
+        raise APIError(422, f"top_k applies to sparse models; '{model.spec.name}' is of kind '{model.spec.kind}'",
+                       param="top_k")
+    types = body.output_types(request.app[CONFIG].server.embedding_type)
     if model.spec.kind == "multivector":
         return await _multivector(request, model, inputs, body, types)
     # 0 asks for every dimension, as in infinity (its generated client sends 0 by default).
@@ -83,6 +92,71 @@ async def _multivector(request: web.Request, model: ServedModel, inputs: ModelIn
     return EmbeddingResponse(data=data, model=model.spec.name, usage=usage(result))
 
 
+async def _sparse(request: web.Request, model: ServedModel, inputs: ModelInputs,
+                  body: EmbeddingRequest) -> EmbeddingResponse:
+    """A sparse model's embeddings: each item its nonzero values and their indices, by
+    index, in float only (`indices` are vocabulary entries: nothing to cut or quantise)."""
+    name = model.spec.name
+    if body.dimensions:
+        raise APIError(422, f"dimensions does not apply to the sparse model '{name}' (its dimensions are vocabulary "
+                            "entries); use top_k to keep its largest values", param="dimensions")
+    if body.encoding_format == "base64":
+        raise APIError(422, f"the sparse model '{name}' answers its indices and values as JSON numbers, not base64: "
+                            "send encoding_format \"float\" (the openai client sends base64 unless told)",
+                       param="encoding_format")
+    # The server's default type is for dense vectors; a sparse model's values are floats.
+    types = body.output_types("float")
+    if types != ["float"]:
+        raise APIError(422, f"the sparse model '{name}' answers float values only, not "
+                            f"{', '.join(t for t in types if t != 'float')}",
+                       param="embedding_types" if body.embedding_types is not None else "embedding_type")
+    result, vectors = await _sparse_vectors(request, model, inputs, body.top_k)
+    data = []
+    for i, entries in enumerate(vectors):
+        vector = SparseEmbedding(indices=entries["index"].tolist(), values=entries["value"].tolist())
+        data.append(EmbeddingData(index=i, **({"embedding": vector} if body.embedding_types is None
+                                              else {"embeddings": {"float": vector}})))
+    return EmbeddingResponse(data=data, model=name, usage=usage(result))
+
+
+async def embed_sparse(request: web.Request, body: SparseEmbedRequest) -> SparseEmbedResponse:
+    """TEI's sparse embeddings: per input, its nonzero values as `{index, value}`, by index."""
+    model = served_model(request, body.model, SPARSE_KINDS)
+    if body.prompt_name is not None:
+        raise APIError(422, f"model '{model.spec.name}' has no prompts; leave prompt_name out", param="prompt_name")
+    inputs = text_or_token_inputs(body.inputs, max_items(request), "inputs")
+    result, vectors = await _sparse_vectors(request, model, inputs, body.top_k)
+    if body.truncate is False and result.truncated:
+        raise APIError(422, f"{result.truncated} of the inputs are longer than the {model.spec.max_length} tokens of "
+                            f"model '{model.spec.name}', and truncate is false", param="truncate")
+    return SparseEmbedResponse([[SparseValue(index, value) for index, value in entries.tolist()]
+                                for entries in vectors])
+
+
+async def _sparse_vectors(request: web.Request, model: ServedModel, inputs: ModelInputs,
+                          top_k: int | None) -> tuple[Result, list[np.ndarray]]:
+    """Run `inputs` through a sparse model; return the (released) result and each input's
+    nonzero entries (records of `index` and `value`, by index), its largest `top_k` only
+    and never more than the model's own max_active_dims."""
+    result = await request.app[PIPELINE].run(model, inputs)
+    try:
+        vectors = list(result.rows())
+    finally:
+        result.release()
+    limits = [k for k in (top_k, model.spec.max_active_dims) if k is not None]
+    if limits:
+        vectors = [_largest(entries, min(limits)) for entries in vectors]
+    return result, vectors
+
+
+def _largest(entries: np.ndarray, k: int) -> np.ndarray:
+    """The `k` entries of largest value (any of equal ones at the cut), still by index."""
+    if len(entries) <= k:
+        return entries
+    cut = len(entries) - k
+    return entries[np.sort(np.argpartition(entries["value"], cut)[cut:])]
+
+
 async def _embed(request: web.Request, model: ServedModel, inputs: ModelInputs, dimensions: int | None,
                  dimensions_param: str) -> tuple[Result, np.ndarray]:
     """Run `inputs` through an embedder; return the (released) result and its vectors as
@@ -107,4 +181,7 @@ ROUTES = [
                             EmbeddingRequest, EmbeddingResponse, MODEL_ERRORS, OPENAI_KINDS), embeddings),
     Route(openapi.Operation("post", "/v1/embed", ("/embed", "/v2/embed"), "Embed texts (Cohere v1 and v2)",
                             CohereEmbedRequest, CohereEmbedResponse, MODEL_ERRORS, COHERE_KINDS), cohere_embed),
+    Route(openapi.Operation("post", "/v1/embed_sparse", ("/embed_sparse",),
+                            "A sparse model's nonzero values per input, by index (TEI)", SparseEmbedRequest,
+                            SparseEmbedResponse, MODEL_ERRORS, SPARSE_KINDS), embed_sparse),
 ]

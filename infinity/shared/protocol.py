@@ -48,14 +48,14 @@ class ModelSpec(msgspec.Struct, frozen=True):
     one replica: a model on several devices has one spec per device, alike but for `device`."""
 
     name: str
-    kind: str  # "embed", "rerank", "classify" or "multivector"
+    kind: str  # "embed", "rerank", "classify", "multivector" or "sparse"
     path: str  # folder with config.json, weights and the tokenizer
     device: str  # normalised: "cpu", "cpu:1", "cuda:0", "rocm:0", "mps" (infinity/shared/devices.py)
     engine: str
     # The engine to load if `engine` fails, when `engine` was chosen by "auto".
     fallback_engine: str | None
     dtype: str
-    pooling: str
+    pooling: str  # an embedder's "mean", "cls" or "lasttoken"; a sparse model's "max" or "sum" over tokens
     normalize: bool
     max_length: int
     truncate: bool
@@ -71,6 +71,12 @@ class ModelSpec(msgspec.Struct, frozen=True):
     # and how it scores a query against a document: "maxsim" or "meanmaxsim".
     tasks: dict[str, TaskEncoding] = {}
     similarity: str = ""
+    # A sparse (SPLADE) model's activation of each token's logits before `pooling`:
+    # "relu" is log(1 + relu(x)), "log1p_relu" log(1 + log(1 + relu(x))).
+    sparse_activation: str = "relu"
+    # A sparse model's own cap on its nonzero entries (sentence-transformers'
+    # max_active_dims): only the largest this many are answered (None: all).
+    max_active_dims: int | None = None
 
     @property
     def reads_unattended_states(self) -> bool:
@@ -99,7 +105,9 @@ class ModelInfo(msgspec.Struct, frozen=True, array_like=True):
 
     name: str
     kind: str
-    dim: int  # floats per input (per token if `ragged`): embedding size, 1 for a reranker, labels of a classifier
+    # Floats per input (per token if `ragged`): embedding size, 1 for a reranker, labels of
+    # a classifier; a sparse model's vocabulary size (the range of its indices).
+    dim: int
     max_length: int
     labels: list[str]  # a classifier's labels, by output index
     # "sigmoid", "softmax" or "none": what turns raw scores into relevance / probabilities
@@ -170,11 +178,14 @@ class Cancel(msgspec.Struct, tag=True, array_like=True):
 class Ragged(msgspec.Struct, array_like=True):
     """Outputs whose size depends on the input (a vector per token, a sparse vector), one
     array per input, sent with `Done` rather than written to the arena: the array of the
-    input in slot `slots[i]` has shape `shapes[i]`; all are of `dtype` (numpy's string for
-    it), concatenated in C order in `data`."""
+    input in slot `slots[i]` has shape `shapes[i]`; all are of `dtype`, concatenated in C
+    order in `data`. `dtype` is numpy's description of it, as .npy files hold it
+    (`numpy.lib.format.dtype_to_descr`): a type string such as "<f4", or a structured
+    type's (name, type string) fields, so that records (a sparse vector's int32 index and
+    float32 value, say) travel exactly."""
 
     slots: list[int]
-    dtype: str
+    dtype: str | list[tuple[str, str]]
     shapes: list[list[int]]
     data: bytes
 

@@ -47,14 +47,15 @@ def expected_embedding(ids: list[int], dim: int) -> np.ndarray:
 
 
 class FakeEngine:
-    """Token states from `token_states`; `gate`, while cleared, holds every forward pass."""
+    """Token states (or a masked-language-model head's logits: as many values per token)
+    from `token_states`; `gate`, while cleared, holds every forward pass."""
 
     name = "fake"
     lanes = 1
     widens = False
 
     def __init__(self, spec: ModelSpec, output: RawOutput, dim: int, gate: threading.Event) -> None:
-        assert output is RawOutput.TOKEN_STATES, "the fake engine gives token states only"
+        assert output in (RawOutput.TOKEN_STATES, RawOutput.TOKEN_LOGITS), "the fake engine gives values per token"
         self.pad_id = pad_id(spec)
         self._dim = dim
         self._gate = gate

@@ -31,6 +31,23 @@ def test_every_message_round_trips(message):
     assert protocol.decode(protocol.encode(message)) == message
 
 
+@pytest.mark.parametrize("arrays", [
+    {4: np.arange(6, dtype="<f4").reshape(2, 3), 1: np.ones((1, 3), "<f4")},  # a matrix per input
+    {2: np.array([(0, 0.5), (2**31 - 1, 1e-30)], [("index", "<i4"), ("value", "<f4")]),  # sparse entries
+     0: np.zeros(0, [("index", "<i4"), ("value", "<f4")])},
+], ids=["matrices", "records"])
+def test_ragged_outputs_travel_exactly_whatever_their_dtype(arrays):
+    from infinity.pipeline import _by_slot
+    from workers.inference_worker import _ragged
+
+    done = protocol.decode(protocol.encode(protocol.Done(1, outputs=_ragged(arrays))))
+    received = _by_slot(done.outputs)
+    assert set(received) == set(arrays)
+    for slot, array in arrays.items():
+        assert received[slot].dtype == array.dtype and received[slot].shape == array.shape
+        assert received[slot].tobytes() == array.tobytes()
+
+
 def test_decode_rejects_garbage():
     with pytest.raises((msgspec.DecodeError, msgspec.ValidationError)):
         protocol.decode(b"\x93garbage")

@@ -2,9 +2,10 @@
 
 An engine is built from a `ModelSpec` on one device and the raw output the model's head
 asks for (`RawOutput`), and turns a padded batch of token ids into that output: the
-encoder's token states, or a sequence-classification head's logits. What a model kind
-makes of it (pooling, normalisation, scores) is the head's (`workers.heads`): no engine
-knows the kinds. A new engine is one module in this package plus one line in `ENGINES`.
+encoder's token states, a sequence-classification head's logits, or a masked-language-
+model head's logits per token. What a model kind makes of it (pooling, normalisation,
+scores, sparse vectors) is the head's (`workers.heads`): no engine knows the kinds. A
+new engine is one module in this package plus one line in `ENGINES`.
 """
 
 from __future__ import annotations
@@ -27,6 +28,21 @@ class RawOutput(enum.StrEnum):
 
     TOKEN_STATES = "token_states"  # (n, longest, hidden): the encoder's last hidden states
     SEQUENCE_LOGITS = "sequence_logits"  # (n, labels): a sequence-classification head's logits
+    TOKEN_LOGITS = "token_logits"  # (n, longest, vocabulary): a masked-language-model head's logits
+
+
+def auto_class(output: RawOutput) -> type:
+    """The transformers auto class whose model gives `output`."""
+    import transformers
+
+    return {RawOutput.TOKEN_STATES: transformers.AutoModel,
+            RawOutput.SEQUENCE_LOGITS: transformers.AutoModelForSequenceClassification,
+            RawOutput.TOKEN_LOGITS: transformers.AutoModelForMaskedLM}[output]
+
+
+def output_tensor(model_output: object, output: RawOutput) -> torch.Tensor:
+    """`output` from what a model of `auto_class(output)` returns."""
+    return model_output.last_hidden_state if output is RawOutput.TOKEN_STATES else model_output.logits
 
 
 class Engine(Protocol):

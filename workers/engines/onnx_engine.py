@@ -1,4 +1,5 @@
-"""ONNX Runtime engine for embedders, rerankers and classifiers.
+"""ONNX Runtime engine for embedders, rerankers, classifiers and sparse (masked-language-
+model) encoders.
 
 On first use the transformers model is exported with torch's ONNX exporter (`torch.export`
 based, dynamic batch and sequence axes; no optimum needed), its transformer blocks fused
@@ -24,7 +25,7 @@ from infinity.shared import devices
 from infinity.shared.folders import cache_dir
 from infinity.shared.protocol import ModelSpec
 from workers.engines.artifacts import cached_build
-from workers.engines.base import RawOutput, pad_id, wants_wide_copy, wide_copy_pays
+from workers.engines.base import RawOutput, auto_class, output_tensor, pad_id, wants_wide_copy, wide_copy_pays
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +62,7 @@ def exported_model(spec: ModelSpec, output: RawOutput) -> tuple[Path, bool]:
 
 class _Forward(torch.nn.Module):
     """The transformers module with plain tensor inputs and one output: token states, or a
-    sequence classifier's logits."""
+    head's logits."""
 
     def __init__(self, model: torch.nn.Module, output: RawOutput) -> None:
         super().__init__()
@@ -71,8 +72,7 @@ class _Forward(torch.nn.Module):
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                 token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
         extra = {} if token_type_ids is None else {"token_type_ids": token_type_ids}
-        output = self.model(input_ids=input_ids, attention_mask=attention_mask, **extra)
-        return output.logits if self.output is RawOutput.SEQUENCE_LOGITS else output.last_hidden_state
+        return output_tensor(self.model(input_ids=input_ids, attention_mask=attention_mask, **extra), self.output)
 
 
 def _takes_token_types(model: torch.nn.Module) -> bool:
@@ -80,12 +80,9 @@ def _takes_token_types(model: torch.nn.Module) -> bool:
 
 
 def _export(spec: ModelSpec, output: RawOutput, path: Path) -> None:
-    from transformers import AutoModel, AutoModelForSequenceClassification
-
-    model_class = AutoModelForSequenceClassification if output is RawOutput.SEQUENCE_LOGITS else AutoModel
     # Eager attention exports to plain MatMul/Softmax, which onnxruntime fuses better than
     # the exported SDPA.
-    model = model_class.from_pretrained(spec.path, dtype=torch.float32, attn_implementation="eager").eval()
+    model = auto_class(output).from_pretrained(spec.path, dtype=torch.float32, attn_implementation="eager").eval()
     names = ["input_ids", "attention_mask"] + (["token_type_ids"] if _takes_token_types(model) else [])
     # A padded sample with batch and length above 1, so neither axis is specialised and the
     # mask is traced as data, not as a constant.

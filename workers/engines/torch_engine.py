@@ -1,6 +1,7 @@
 """PyTorch engine: a transformers encoder with SDPA attention (where the architecture has
-it), padding-free (`packed_bert`) for BERT encoders, with its sequence-classification
-head where logits are asked; optionally through `torch.compile` (`compile = true`)."""
+it), padding-free (`packed_bert`) for BERT encoders, with its sequence-classification or
+masked-language-model head where logits are asked; optionally through `torch.compile`
+(`compile = true`)."""
 
 from __future__ import annotations
 
@@ -12,10 +13,17 @@ import torch
 from infinity.shared import devices
 from infinity.shared.protocol import ModelSpec
 from workers.engines import packed_bert
-from workers.engines.base import RawOutput, pad_id
+from workers.engines.base import RawOutput, auto_class, output_tensor, pad_id
 from workers.engines.packed_bert import PackedBert
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+# What follows the BERT body's token states in the transformers heads whose body runs
+# padding-free: the classifier on the pooler output, the masked-language-model head on
+# every token (zero states at padding give logits there that heads mask out).
+_BERT_HEADS = {
+    "BertForSequenceClassification": lambda model, hidden: model.classifier(model.bert.pooler(hidden)),
+    "BertForMaskedLM": lambda model, hidden: model.cls(hidden),
+}
 
 
 class TorchEngine:
@@ -24,21 +32,20 @@ class TorchEngine:
     widens = False  # every pass is wide
 
     def __init__(self, spec: ModelSpec, threads: int, output: RawOutput) -> None:
-        from transformers import AutoModel, AutoModelForSequenceClassification
         from transformers.utils import logging as transformers_logging
 
         transformers_logging.disable_progress_bar()
         if spec.dtype not in _DTYPES:
             raise ValueError(f"the torch engine takes dtype {', '.join(_DTYPES)}; got {spec.dtype}")
         torch.set_num_threads(threads)
-        self._logits = output is RawOutput.SEQUENCE_LOGITS
+        self._output = output
         self._device = torch.device(devices.torch_device(spec.device))
-        model_class = AutoModelForSequenceClassification if self._logits else AutoModel
         # transformers picks SDPA attention where the architecture has it (MPNet has not).
-        self._model = model_class.from_pretrained(spec.path, dtype=_DTYPES[spec.dtype]).to(self._device).eval()
+        self._model = auto_class(output).from_pretrained(spec.path, dtype=_DTYPES[spec.dtype]).to(self._device).eval()
         self._takes_token_types = "token_type_ids" in inspect.signature(self._model.forward).parameters
         self.pad_id = pad_id(spec)
-        body = getattr(self._model, "bert", None) if self._logits else self._model
+        self._head = _BERT_HEADS.get(type(self._model).__name__)
+        body = self._model if output is RawOutput.TOKEN_STATES else self._model.bert if self._head else None
         # The padding-free forward computes attended tokens only.
         packs = body is not None and packed_bert.supports(body) and not spec.reads_unattended_states
         self._packed = PackedBert(body) if packs else None
@@ -55,15 +62,12 @@ class TorchEngine:
         if self._packed is None:
             return self._padded(ids, mask, types)
         hidden = self._packed(ids, mask, types)
-        if self._logits:  # BertForSequenceClassification: pooler, then classifier
-            return self._model.classifier(self._model.bert.pooler(hidden))
-        return hidden
+        return hidden if self._output is RawOutput.TOKEN_STATES else self._head(self._model, hidden)
 
     def _padded(self, ids: torch.Tensor, mask: torch.Tensor, types: torch.Tensor) -> torch.Tensor:
         """The transformers module's own forward: token states, or a head's logits."""
         inputs = {"input_ids": ids, "attention_mask": mask}
         if self._takes_token_types:
             inputs["token_type_ids"] = types
-        output = self._model(**inputs)
-        return output.logits if self._logits else output.last_hidden_state
+        return output_tensor(self._model(**inputs), self._output)
 

@@ -21,6 +21,7 @@ HEADS = {
     "rerank": "workers.heads.scores:RelevanceScores",
     "classify": "workers.heads.scores:ClassScores",
     "multivector": "workers.heads.multivector:TokenVectors",
+    "sparse": "workers.heads.sparse:SparseWeights",
 }
 
 

@@ -13,12 +13,12 @@ from workers.engines.base import RawOutput
 
 class Head(Protocol):
     output: RawOutput  # what it needs from the engine
-    dim: int  # floats per input it returns
+    dim: int  # floats per input it returns (per token for a multi-vector head; a sparse head's vocabulary size)
     labels: list[str]  # a classifier's labels by output index; empty for embedders
     activation: str  # "sigmoid", "softmax" or "none": applied by the front end unless raw scores are asked
     # Whether its outputs vary in size by input: then it returns one array per input (a
-    # vector per token, say), sent to the front end with the request's `Done`; else one
-    # (n, dim) float32 array, written into the arena.
+    # vector per token, a sparse vector's entries), sent to the front end with the
+    # request's `Done`; else one (n, dim) float32 array, written into the arena.
     ragged: bool
 
     def __init__(self, spec: ModelSpec, config: dict) -> None:

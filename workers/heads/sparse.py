@@ -1,0 +1,56 @@
+"""The sparse head (`kind = "sparse"`, SPLADE): a masked-language-model head's logits per
+token turned into one weight per vocabulary entry, as sentence-transformers' SpladePooling
+does it: log(1 + relu(x)) (and log(1 + ...) once more for "log1p_relu"), then the max or
+the sum over the input's real tokens. Each input gives its nonzero weights, sorted by
+index, as records of an exact int32 index and a float32 value (`ENTRY`)."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from infinity.shared.protocol import ModelSpec
+from workers.engines.base import RawOutput
+
+ENTRY = np.dtype([("index", "<i4"), ("value", "<f4")])
+
+
+class SparseWeights:
+    output = RawOutput.TOKEN_LOGITS
+    activation = "none"
+    ragged = True
+
+    def __init__(self, spec: ModelSpec, config: dict) -> None:
+        self.dim = int(config["vocab_size"])
+        self.labels: list[str] = []
+        self._pooling = spec.pooling
+        self._twice = spec.sparse_activation == "log1p_relu"
+
+    def __call__(self, raw: torch.Tensor, attention_mask: torch.Tensor) -> list[np.ndarray]:
+        lengths = attention_mask.sum(dim=1).tolist()
+        # One input at a time, its real tokens only (right padding): the logits are the
+        # largest tensor of the pass (tokens x vocabulary), and no activated copy of them
+        # all is ever made.
+        weights = torch.stack([self._pool(raw[row, :length]) for row, length in enumerate(lengths)])
+        return [_nonzero_entries(row) for row in weights.float().cpu().numpy()]
+
+    def _pool(self, logits: torch.Tensor) -> torch.Tensor:
+        """(tokens, vocabulary) logits of one input -> (vocabulary,) weights."""
+        if self._pooling == "max":
+            # relu and log1p never decrease: the max of the activated logits is the
+            # activated max, so one vector is activated instead of every token's.
+            return self._activate(logits.amax(dim=0))
+        return self._activate(logits).sum(dim=0)
+
+    def _activate(self, logits: torch.Tensor) -> torch.Tensor:
+        weights = torch.log1p(torch.relu(logits))
+        return torch.log1p(weights) if self._twice else weights
+
+
+def _nonzero_entries(weights: np.ndarray) -> np.ndarray:
+    """A (vocabulary,) weight vector's nonzero entries, by index, as `ENTRY` records."""
+    indices = np.flatnonzero(weights)
+    entries = np.empty(len(indices), ENTRY)
+    entries["index"] = indices
+    entries["value"] = weights[indices]
+    return entries
