@@ -58,8 +58,8 @@ import numpy as np
 from bench import cpu
 from bench.corpus import sentences
 from bench.loadgen import closed_loop
-from bench.run import (OUT_DIR, REPO, _raise_exit, fmt_number, free_port, parse_pairs, least_disturbed, measure_child,
-                       stop_server, wait_healthy, wait_quiet)  # fmt: skip
+from bench.run import (OUT_DIR, REPO, ConfiguredServer, _raise_exit, add_quiet_cpu_args, child_answer, fmt_number,
+                       least_disturbed, measure_child, parse_pairs, wait_quiet)  # fmt: skip
 
 MODEL_DIR = Path.home() / ".cache" / "infinity-bench" / "minilm-cross-encoder"
 MODEL_NAME = "reranker"
@@ -374,23 +374,12 @@ class ServerReport:
 
 def bench_server(args: argparse.Namespace, shapes: list[LoadShape], reference: dict[str, object],
                  stamp: str) -> ServerReport:  # fmt: skip
-    port = free_port()
-    config_path = OUT_DIR / f"{stamp}-rerank-models.toml"
-    config_path.write_text(f'[[models]]\nname = "{MODEL_NAME}"\nsource = "{MODEL_DIR}"\n')
-    argv = [str(REPO / ".venv" / "bin" / "python"), "-m", "infinity", "serve",
-            "--config", str(config_path), "--port", str(port), "--host", "127.0.0.1"]  # fmt: skip
-    log_path = OUT_DIR / f"{stamp}-rerank-ours.log"
-    report = ServerReport(shlex.join(argv), config_path.read_text(), str(log_path.relative_to(REPO)))
-    print(f"\n== ours\n$ {report.command}\n  config: {config_path}\n  log: {log_path}", flush=True)
-    url = f"http://127.0.0.1:{port}"
-    with log_path.open("wb") as log:
-        server = subprocess.Popen(argv, cwd=REPO, stdin=subprocess.DEVNULL, stdout=log,
-                                  stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
-        try:
-            started = time.monotonic()
-            wait_healthy(url, server, args.health_timeout)
-            print(f"  healthy after {time.monotonic() - started:.1f} s", flush=True)
-            report.agreement = check_agreement(url, reference)
+    config = f'[[models]]\nname = "{MODEL_NAME}"\nsource = "{MODEL_DIR}"\n'
+    ours = ConfiguredServer.prepare(config, "rerank", stamp)
+    report = ServerReport(ours.command, config, str(ours.log.relative_to(REPO)))
+    try:
+        with ours.running(args.health_timeout) as server:
+            report.agreement = check_agreement(ours.url, reference)
             for name, a in report.agreement.items():
                 print(f"  agreement with CrossEncoder.predict, {name} ({a['pairs']} pairs): max abs diff "
                       f"{a['max_abs_diff']:.2e} (sigmoid), {a['max_abs_diff_raw']:.2e} (raw logits); "
@@ -398,7 +387,7 @@ def bench_server(args: argparse.Namespace, shapes: list[LoadShape], reference: d
             for shape in shapes:
                 workload = Workload(shape.docs)
                 row = least_disturbed(
-                    args, lambda: _load_once(args, url, shape, workload, server.pid),
+                    args, lambda: _load_once(args, ours.url, shape, workload, server.pid),
                     lambda r: r.others_during,
                 )  # fmt: skip
                 report.rows.append(row)
@@ -410,11 +399,9 @@ def bench_server(args: argparse.Namespace, shapes: list[LoadShape], reference: d
                 print(f"    CPU-seconds: {cpu_line}", flush=True)
                 if row.first_error:
                     print(f"    first error: {row.first_error}", flush=True)
-        except (RuntimeError, OSError, ValueError, KeyError) as exc:
-            report.error = f"{type(exc).__name__}: {exc}"
-            print(f"  FAILED: {report.error} (see {report.log})", flush=True)
-        finally:
-            stop_server(server)
+    except (RuntimeError, OSError, ValueError, KeyError) as exc:
+        report.error = f"{type(exc).__name__}: {exc}"
+        print(f"  FAILED: {report.error} (see {report.log})", flush=True)
     return report
 
 
@@ -482,12 +469,7 @@ def _parse_args() -> argparse.Namespace:
     parser.add_argument("--ceiling-chunk", type=int, default=1024, help="pairs per predict() call")
     parser.add_argument("--request-duration", type=float, default=8.0,
                         help="seconds of the one-request-per-call ceilings (16 and 64 pairs)")  # fmt: skip
-    parser.add_argument("--health-timeout", type=float, default=300.0, help="seconds")
-    parser.add_argument("--idle-wait", type=float, default=120.0,
-                        help="before the ceiling and each load, wait up to this many seconds for a quiet CPU")
-    parser.add_argument("--max-noise", type=float, default=0.05,
-                        help="share of the CPU other processes may use during a measurement before it is redone")
-    parser.add_argument("--retries", type=int, default=2, help="redo a disturbed measurement")
+    add_quiet_cpu_args(parser)
     child = parser.add_mutually_exclusive_group()
     child.add_argument("--prepare", action="store_true", help=argparse.SUPPRESS)
     child.add_argument("--ceiling", action="store_true", help=argparse.SUPPRESS)
@@ -516,10 +498,7 @@ def main() -> int:
     OUT_DIR.mkdir(parents=True, exist_ok=True)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
 
-    command = _child(args, "prepare")
-    print(f"$ {shlex.join(command)}", flush=True)
-    done = subprocess.run(command, cwd=REPO, stdout=subprocess.PIPE, text=True, check=True)
-    reference = json.loads(done.stdout.strip().splitlines()[-1])
+    reference = child_answer(_child(args, "prepare"))
     print(f"  model: {MODEL_DIR} (CrossEncoder max_length {reference['max_length']})", flush=True)
 
     command = _child(args, "ceiling")

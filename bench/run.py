@@ -51,7 +51,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from functools import partial
@@ -163,6 +163,17 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def add_quiet_cpu_args(parser: argparse.ArgumentParser, health_timeout: float = 300.0) -> None:
+    """The options every benchmark takes for measuring on a quiet machine (`wait_quiet`,
+    `least_disturbed`) and for a server's start."""
+    parser.add_argument("--health-timeout", type=float, default=health_timeout, help="seconds")
+    parser.add_argument("--idle-wait", type=float, default=120.0,
+                        help="before the ceiling and each load, wait up to this many seconds for a quiet CPU")
+    parser.add_argument("--max-noise", type=float, default=0.05,
+                        help="share of the CPU other processes may use during a measurement before it is redone")
+    parser.add_argument("--retries", type=int, default=2, help="redo a disturbed measurement")
+
+
 def wait_quiet(args: argparse.Namespace, pgid: int | None = None) -> float:
     """Wait (up to ``--idle-wait`` s) for other processes to leave the CPU; warn if they don't.
 
@@ -216,6 +227,13 @@ def run_engine_ceiling(args: argparse.Namespace, choice: str) -> dict[str, float
     return measure_child(args, command)
 
 
+def child_answer(command: list[str]) -> dict:
+    """Run a benchmark child that prints one JSON object as its last line; return it."""
+    print(f"$ {shlex.join(command)}", flush=True)
+    done = subprocess.run(command, cwd=REPO, stdout=subprocess.PIPE, text=True, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 def measure_child(args: argparse.Namespace, command: list[str]) -> dict[str, float]:
     """Run ``command`` (a measurement that prints one JSON object as its last line) in a
     child process on a quiet machine, redone while others disturbed it (``--idle-wait``,
@@ -262,6 +280,48 @@ def wait_healthy(url: str, server: subprocess.Popen[bytes], timeout: float) -> N
             pass
         time.sleep(0.5)
     raise RuntimeError(f"/health did not answer 200 within {timeout:g} s")
+
+
+@dataclass(frozen=True)
+class ConfiguredServer:
+    """Our server serving a models.toml written to bench/out/<stamp>-<label>-models.toml,
+    on a free port, its output in bench/out/<stamp>-<label>-ours.log."""
+
+    url: str
+    argv: list[str]
+    config: str
+    log: Path
+
+    @classmethod
+    def prepare(cls, config: str, label: str, stamp: str) -> ConfiguredServer:
+        """Write the configuration and print how the server will be started."""
+        port = free_port()
+        config_path = OUT_DIR / f"{stamp}-{label}-models.toml"
+        config_path.write_text(config)
+        argv = [str(REPO / ".venv" / "bin" / "python"), "-m", "infinity", "serve", "--config", str(config_path),
+                "--port", str(port), "--host", "127.0.0.1"]
+        server = cls(f"http://127.0.0.1:{port}", argv, config, OUT_DIR / f"{stamp}-{label}-ours.log")
+        print(f"\n== ours\n$ {server.command}\n  config: {config_path}\n  log: {server.log}", flush=True)
+        return server
+
+    @property
+    def command(self) -> str:
+        return shlex.join(self.argv)
+
+    @contextlib.contextmanager
+    def running(self, health_timeout: float) -> Iterator[subprocess.Popen[bytes]]:
+        """Start it in its own process group, wait until healthy, stop it (and its
+        children) on leaving, errors and Ctrl-C included."""
+        with self.log.open("wb") as log:
+            server = subprocess.Popen(self.argv, cwd=REPO, stdin=subprocess.DEVNULL, stdout=log,
+                                      stderr=subprocess.STDOUT, start_new_session=True)
+            try:
+                started = time.monotonic()
+                wait_healthy(self.url, server, health_timeout)
+                print(f"  healthy after {time.monotonic() - started:.1f} s", flush=True)
+                yield server
+            finally:
+                stop_server(server)
 
 
 def smoke_test(url: str, model: str) -> None:
@@ -453,16 +513,7 @@ def _parse_args() -> argparse.Namespace:
     parser.add_argument("--ceiling-chunk", type=int, default=1024, help="texts per encode() call")
     parser.add_argument("--engine-ceiling", action="append", default=[], metavar="ENGINE:DTYPE",
                         help="also measure this engine in process (bench.engines); repeat for several")
-    parser.add_argument("--health-timeout", type=float, default=300.0, help="seconds")
-    parser.add_argument(
-        "--idle-wait", type=float, default=120.0,
-        help="before the ceiling and each load, wait up to this many seconds for a quiet CPU",
-    )  # fmt: skip
-    parser.add_argument(
-        "--max-noise", type=float, default=0.05,
-        help="share of the CPU other processes may use during a measurement before it is redone",
-    )  # fmt: skip
-    parser.add_argument("--retries", type=int, default=2, help="redo a disturbed measurement")
+    add_quiet_cpu_args(parser)
     args = parser.parse_args()
     if not args.target and not args.cmd:
         args.target = ["infinity-torch"]

@@ -45,7 +45,6 @@ import os
 import shlex
 import shutil
 import signal
-import subprocess
 import sys
 import time
 import urllib.request
@@ -58,8 +57,8 @@ import numpy as np
 from bench import cpu
 from bench.corpus import sentences
 from bench.loadgen import closed_loop
-from bench.run import (OUT_DIR, REPO, _raise_exit, fmt_number, free_port, least_disturbed, measure_child,
-                       parse_pairs, stop_server, wait_healthy, wait_quiet)  # fmt: skip
+from bench.run import (OUT_DIR, REPO, ConfiguredServer, _raise_exit, add_quiet_cpu_args, child_answer, fmt_number,
+                       least_disturbed, measure_child, parse_pairs, wait_quiet)  # fmt: skip
 
 MODEL_ROOT = Path.home() / ".cache" / "infinity-bench"
 MODEL_NAME = "splade"
@@ -261,29 +260,17 @@ class ServerReport:
 
 
 def bench_server(args: argparse.Namespace, reference: dict[str, object], stamp: str) -> ServerReport:
-    port = free_port()
-    config_path = OUT_DIR / f"{stamp}-sparse-models.toml"
-    config_path.write_text(f'[[models]]\nname = "{MODEL_NAME}"\nsource = "{model_dir(args.layers)}"\n'
-                           f'engine = "{args.engine}"\n')  # fmt: skip
-    argv = [sys.executable, "-m", "infinity", "serve",
-            "--config", str(config_path), "--port", str(port), "--host", "127.0.0.1"]  # fmt: skip
-    log_path = OUT_DIR / f"{stamp}-sparse-ours.log"
-    report = ServerReport(shlex.join(argv), config_path.read_text(), str(log_path.relative_to(REPO)))
-    print(f"\n== ours\n$ {report.command}\n  config: {config_path}\n  log: {log_path}", flush=True)
-    url = f"http://127.0.0.1:{port}"
-    with log_path.open("wb") as log:
-        server = subprocess.Popen(argv, cwd=REPO, stdin=subprocess.DEVNULL, stdout=log,
-                                  stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
-        try:
-            started = time.monotonic()
-            wait_healthy(url, server, args.health_timeout)
-            print(f"  healthy after {time.monotonic() - started:.1f} s", flush=True)
-            report.agreement = a = check_agreement(url, reference)
+    config = f'[[models]]\nname = "{MODEL_NAME}"\nsource = "{model_dir(args.layers)}"\nengine = "{args.engine}"\n'
+    ours = ConfiguredServer.prepare(config, "sparse", stamp)
+    report = ServerReport(ours.command, config, str(ours.log.relative_to(REPO)))
+    try:
+        with ours.running(args.health_timeout) as server:
+            report.agreement = a = check_agreement(ours.url, reference)
             print(f"  agreement with SparseEncoder.encode ({a['texts']} texts, median {a['median_nonzero']:.0f} "
                   f"nonzero): {a['other_indices']} with other indices, max abs diff {a['max_abs_diff']:.2e}",
                   flush=True)  # fmt: skip
             for batch, concurrency in parse_pairs(args.loads):
-                row = least_disturbed(args, lambda: _load_once(args, url, batch, concurrency, server.pid),
+                row = least_disturbed(args, lambda: _load_once(args, ours.url, batch, concurrency, server.pid),
                                       lambda r: r.others_during)  # fmt: skip
                 report.rows.append(row)
                 print(f"  {batch} texts x c{concurrency}: {row.texts_per_s:7.1f} texts/s  p50 {row.p50_ms:8.1f} ms  "
@@ -291,11 +278,9 @@ def bench_server(args: argparse.Namespace, reference: dict[str, object], stamp: 
                       flush=True)  # fmt: skip
                 if row.first_error:
                     print(f"    first error: {row.first_error}", flush=True)
-        except (RuntimeError, OSError, ValueError, KeyError) as exc:
-            report.error = f"{type(exc).__name__}: {exc}"
-            print(f"  FAILED: {report.error} (see {report.log})", flush=True)
-        finally:
-            stop_server(server)
+    except (RuntimeError, OSError, ValueError, KeyError) as exc:
+        report.error = f"{type(exc).__name__}: {exc}"
+        print(f"  FAILED: {report.error} (see {report.log})", flush=True)
     return report
 
 
@@ -330,12 +315,7 @@ def _parse_args() -> argparse.Namespace:
     parser.add_argument("--ceiling-duration", type=float, default=30.0)
     parser.add_argument("--ceiling-chunk", type=int, default=256, help="texts per encode() call")
     parser.add_argument("--layers", type=int, default=12, help="fewer only to check this script quickly")
-    parser.add_argument("--health-timeout", type=float, default=900.0, help="seconds (the ONNX export is slow)")
-    parser.add_argument("--idle-wait", type=float, default=120.0,
-                        help="before the ceiling and each load, wait up to this many seconds for a quiet CPU")
-    parser.add_argument("--max-noise", type=float, default=0.05,
-                        help="share of the CPU other processes may use during a measurement before it is redone")
-    parser.add_argument("--retries", type=int, default=2, help="redo a disturbed measurement")
+    add_quiet_cpu_args(parser, health_timeout=900.0)  # the ONNX export is slow
     child = parser.add_mutually_exclusive_group()
     child.add_argument("--prepare", action="store_true", help=argparse.SUPPRESS)
     child.add_argument("--ceiling", action="store_true", help=argparse.SUPPRESS)
@@ -364,10 +344,7 @@ def main() -> int:
     OUT_DIR.mkdir(parents=True, exist_ok=True)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
 
-    command = _child(args, "prepare")
-    print(f"$ {shlex.join(command)}", flush=True)
-    done = subprocess.run(command, cwd=REPO, stdout=subprocess.PIPE, text=True, check=True)
-    reference = json.loads(done.stdout.strip().splitlines()[-1])
+    reference = child_answer(_child(args, "prepare"))
     print(f"  model: {model_dir(args.layers)} (SparseEncoder max_seq_length {reference['max_length']})", flush=True)
 
     command = _child(args, "ceiling")

@@ -31,7 +31,6 @@ import os
 import shlex
 import shutil
 import signal
-import subprocess
 import sys
 import time
 import urllib.request
@@ -45,8 +44,8 @@ import numpy as np
 from bench import cpu
 from bench.corpus import sentences
 from bench.loadgen import closed_loop
-from bench.run import (OUT_DIR, REPO, _raise_exit, free_port, least_disturbed, measure_child, parse_pairs,
-                       stop_server, wait_healthy, wait_quiet)  # fmt: skip
+from bench.run import (OUT_DIR, ConfiguredServer, _raise_exit, add_quiet_cpu_args, least_disturbed, measure_child,
+                       parse_pairs, wait_quiet)  # fmt: skip
 
 CACHE = Path.home() / ".cache" / "infinity-bench"
 MODEL_NAME = "bench-model"
@@ -183,30 +182,19 @@ def load(args: argparse.Namespace, url: str, kind: str, docs: int, concurrency: 
 
 
 def bench_server(args: argparse.Namespace, ceil: dict[str, object], stamp: str) -> list[dict[str, float]]:
-    port = free_port()
-    config = OUT_DIR / f"{stamp}-{args.kind}-models.toml"
-    config.write_text(f'[[models]]\nname = "{MODEL_NAME}"\nsource = "{model_folder(args.kind)}"\n')
-    argv = [str(REPO / ".venv" / "bin" / "python"), "-m", "infinity", "serve", "--config", str(config),
-            "--port", str(port), "--host", "127.0.0.1"]
-    log_path = OUT_DIR / f"{stamp}-{args.kind}-ours.log"
-    print(f"\n== ours\n$ {shlex.join(argv)}\n  log: {log_path}", flush=True)
-    url, rows = f"http://127.0.0.1:{port}", []
-    with log_path.open("wb") as log:
-        server = subprocess.Popen(argv, cwd=REPO, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                  start_new_session=True)
-        try:
-            wait_healthy(url, server, args.health_timeout)
-            print(f"  largest difference to the in-process outputs: "
-                  f"{agreement(url, args.kind, ceil['check']):.2e}", flush=True)  # type: ignore[arg-type]
-            for docs, concurrency in parse_pairs(args.loads):
-                row = least_disturbed(args, lambda: load(args, url, args.kind, docs, concurrency, server.pid),
-                                      lambda r: r["others_during"])
-                rows.append(row)
-                print(f"  {docs} docs x c{concurrency}: {row['docs_per_s']:.1f} docs/s "
-                      f"({row['docs_per_s'] / ceil['docs_per_s']:.2f} of the ceiling), p50 {row['p50_ms']:.0f} ms, "
-                      f"errors {row['errors']}, others' CPU {row['others_during']:.0%}", flush=True)
-        finally:
-            stop_server(server)
+    ours = ConfiguredServer.prepare(f'[[models]]\nname = "{MODEL_NAME}"\nsource = "{model_folder(args.kind)}"\n',
+                                    args.kind, stamp)
+    rows = []
+    with ours.running(args.health_timeout) as server:
+        print(f"  largest difference to the in-process outputs: "
+              f"{agreement(ours.url, args.kind, ceil['check']):.2e}", flush=True)  # type: ignore[arg-type]
+        for docs, concurrency in parse_pairs(args.loads):
+            row = least_disturbed(args, lambda: load(args, ours.url, args.kind, docs, concurrency, server.pid),
+                                  lambda r: r["others_during"])
+            rows.append(row)
+            print(f"  {docs} docs x c{concurrency}: {row['docs_per_s']:.1f} docs/s "
+                  f"({row['docs_per_s'] / ceil['docs_per_s']:.2f} of the ceiling), p50 {row['p50_ms']:.0f} ms, "
+                  f"errors {row['errors']}, others' CPU {row['others_during']:.0%}", flush=True)
     return rows
 
 
@@ -219,10 +207,7 @@ def _parse_args() -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="ceiling threads")
     parser.add_argument("--ceiling-duration", type=float, default=20.0)
     parser.add_argument("--ceiling-chunk", type=int, default=256, help="documents per encode call")
-    parser.add_argument("--health-timeout", type=float, default=600.0)
-    parser.add_argument("--idle-wait", type=float, default=120.0)
-    parser.add_argument("--max-noise", type=float, default=0.05)
-    parser.add_argument("--retries", type=int, default=2)
+    add_quiet_cpu_args(parser, health_timeout=600.0)
     parser.add_argument("--ceiling", action="store_true", help=argparse.SUPPRESS)
     return parser.parse_args()
 
