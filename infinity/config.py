@@ -117,11 +117,40 @@ class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
                 raise ConfigError(f"server.{key} must be positive")
 
 
+class MediaConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    """The `[media]` table: how images (and other media) given by URL are fetched, and the
+    limits on every media item (see infinity/media_fetch.py)."""
+
+    # Fetch http(s) URLs at all; false leaves data: URIs only.
+    fetch_urls: bool = True
+    # Dial private, loopback, link-local and other non-global addresses (intranets, tests).
+    allow_private_networks: bool = False
+    # Hosts that may be fetched (a name allows its subdomains too); empty: any public host.
+    allowed_domains: list[str] = msgspec.field(default_factory=list)
+    max_image_bytes: int = 10 * 1024 * 1024
+    # Pixels of one image at most, read from its header before it is decoded: a small file
+    # may declare a huge image (a decompression bomb).
+    max_image_pixels: int = 40_000_000
+    connect_timeout: float = 5.0  # seconds
+    fetch_timeout: float = 10.0  # seconds for a whole fetch, redirects included
+    max_redirects: int = 3
+    max_concurrent_fetches: int = 16  # for the whole server
+
+    def __post_init__(self) -> None:
+        for key in ("max_image_bytes", "max_image_pixels", "connect_timeout", "fetch_timeout",
+                    "max_concurrent_fetches"):
+            if getattr(self, key) <= 0:
+                raise ConfigError(f"media.{key} must be positive")
+        if self.max_redirects < 0:
+            raise ConfigError("media.max_redirects must not be negative")
+
+
 class Config(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     """The whole configuration of one server."""
 
     server: ServerConfig = msgspec.field(default_factory=ServerConfig)
     models: list[ModelConfig] = msgspec.field(default_factory=list)
+    media: MediaConfig = msgspec.field(default_factory=MediaConfig)
 
 
 # Every server key may be set from the environment as INFINITY_<KEY>.

@@ -47,6 +47,9 @@ def test_model_flag_replaces_the_file_models(tmp_path):
     ("[[models]]\nmax_input_chars = 0\n", "max_input_chars"),
     ("[server]\nurl_prefix = 'v2/'\n", "url_prefix"),
     ("[[models]]\nname = 'a'\n[[models]]\nname = 'a'\n", "unique"),
+    ("[media]\nfetch_timeout = 0\n", "media.fetch_timeout"),
+    ("[media]\nmax_redirects = -1\n", "media.max_redirects"),
+    ("[media]\nfetch_url = false\n", "fetch_url"),
 ])
 def test_bad_config_names_the_key(tmp_path, text, key):
     with pytest.raises(ConfigError) as error:
@@ -88,3 +91,10 @@ def test_cpu_plan(cpus, workers, tokenizers, inference, threads):
     assert plan.tokenizer_cpus == tokenizers
     assert plan.inference_cpus == inference
     assert plan.inference_threads == threads
+
+
+def test_the_media_table(tmp_path):
+    config = load_config(_toml(tmp_path, "[media]\nallow_private_networks = true\nallowed_domains = ['example.com']\n"),
+                         env={})
+    assert config.media.allow_private_networks and config.media.allowed_domains == ["example.com"]
+    assert load_config(None, env={}).media.fetch_urls

@@ -1,0 +1,73 @@
+"""Images a client sent, decoded in the preprocessing processes (never in the front end's
+event loop nor beside the model): a data: URI's strict base64, then Pillow with an
+allow-list of formats and the limits checked before any pixel is decoded. Every failure
+is the client's (`InputError`, naming the item), and fails its own request only."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import io
+import re
+import warnings
+from dataclasses import dataclass
+
+from PIL import Image, ImageOps, UnidentifiedImageError
+
+from workers.tokenization import InputError
+
+# Formats decoded; others (EPS shells out to Ghostscript, for one) are refused unread.
+FORMATS = ("JPEG", "PNG", "WEBP", "GIF", "BMP", "TIFF", "AVIF")
+MIN_SIDE = 3  # pixels; smaller images are refused, as infinity refuses them
+_DATA_URI = re.compile(r"data:(?P<mime>[\w.+-]+/[\w.+-]+)?(?P<params>(;[\w.+-]+=[^;,]*)*);base64,", re.ASCII)
+
+
+@dataclass(frozen=True)
+class ImageLimits:
+    max_bytes: int
+    max_pixels: int
+
+
+def data_uri_bytes(uri: str, item: str, max_bytes: int, media_type: str = "image") -> bytes:
+    """The bytes of a base64 data: URI of `media_type` ("data:image/png;base64,...")."""
+    match = _DATA_URI.match(uri)
+    if match is None:
+        raise InputError(f"{item} is not a base64 data: URI (data:{media_type}/...;base64,...) nor an http(s) URL")
+    mime = match["mime"] or ""
+    if mime.split("/")[0] != media_type:
+        raise InputError(f"{item} is a data: URI of type {mime or 'none'!r}, not {media_type}/*")
+    payload = uri[match.end():]
+    if len(payload) // 4 * 3 > max_bytes:
+        raise InputError(f"{item} holds more than {max_bytes} bytes, the most this server takes of one item")
+    try:
+        return base64.b64decode(payload, validate=True)
+    except (binascii.Error, ValueError):
+        raise InputError(f"{item}: the data: URI's base64 is not valid") from None
+
+
+def decode_image(data: bytes, item: str, limits: ImageLimits) -> Image.Image:
+    """An RGB image from the bytes of an image file: its first frame, fully decoded, turned
+    upright as its EXIF orientation says (as transformers' `load_image` does)."""
+    if len(data) > limits.max_bytes:
+        raise InputError(f"{item} is larger than {limits.max_bytes} bytes, the most this server takes of one item")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            image = Image.open(io.BytesIO(data), formats=FORMATS)
+            width, height = image.size
+            if width * height > limits.max_pixels:
+                raise InputError(f"{item} is {width}x{height} pixels, more than the {limits.max_pixels} this "
+                                 "server decodes")
+            if min(width, height) < MIN_SIDE:
+                raise InputError(f"{item} is {width}x{height} pixels, too small: the minimum is "
+                                 f"{MIN_SIDE}x{MIN_SIDE}")
+            image.load()  # opening reads the header only; a truncated file fails here
+            return ImageOps.exif_transpose(image).convert("RGB")
+    except InputError:
+        raise
+    except UnidentifiedImageError:
+        raise InputError(f"{item} is not an image in a format this server reads ({', '.join(FORMATS)})") from None
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning):
+        raise InputError(f"{item} declares more pixels than this server decodes") from None
+    except (OSError, ValueError, SyntaxError) as exc:  # Pillow's ways of saying a file is damaged
+        raise InputError(f"{item} could not be decoded as an image ({exc})") from None
