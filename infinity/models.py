@@ -21,6 +21,7 @@ import msgspec
 from infinity.config import DEFAULT_MODEL_SOURCE, ConfigError, ModelConfig
 from infinity.shared import devices
 from infinity.shared.folders import CTRANSLATE2_FAMILIES, cache_dir, num_labels
+from infinity.image_text_folder import IMAGE_TEXT_FAMILIES, is_image_text, text_tasks
 from infinity.multivector_folder import is_multivector, read_folder
 from infinity.shared.protocol import ModelSpec, TaskEncoding
 
@@ -47,9 +48,14 @@ def resolve_model(model: ModelConfig) -> ModelSpec:
         raise ConfigError(f"model '{model.name}': no config.json in {transformer_dir}")
     pooling = model.pooling or _pooling_from_folder(folder, modules) or "mean"
     kind = _detect_kind(folder, transformer_dir, modules) if model.kind == "auto" else model.kind
+    config = json.loads((transformer_dir / "config.json").read_text())
+    if kind == "image_text" and not is_image_text(config):
+        raise ConfigError(f"model '{model.name}': kind = \"image_text\" needs a two-tower folder "
+                          f"({', '.join(IMAGE_TEXT_FAMILIES)}); {transformer_dir} is {config.get('model_type')}")
     max_length = _max_length(transformer_dir, model.max_length)
     multivector = read_folder(folder, modules, max_length) if kind == "multivector" else None
-    tasks = multivector.tasks if multivector else {}
+    tasks = (multivector.tasks if multivector
+             else text_tasks(model.name, transformer_dir, config) if kind == "image_text" else {})
     normalize = multivector.normalize if multivector else ("Normalize" in modules or not modules)
     spec = ModelSpec(
         name=model.name,
@@ -79,7 +85,8 @@ def resolve_model(model: ModelConfig) -> ModelSpec:
 
 def _detect_kind(folder: Path, transformer_dir: Path, modules: dict[str, str]) -> str:
     """A multi-vector (ColBERT) folder gives a vector per token, a SparseEncoder folder
-    (SPLADE) a sparse vector over the vocabulary; a sequence-classification head with one
+    (SPLADE) a sparse vector over the vocabulary, a two-tower folder (CLIP, SigLIP) a
+    vector per text or image; a sequence-classification head with one
     label reranks, with several it classifies (whether saved by transformers or by
     sentence-transformers' CrossEncoder); any other encoder embeds (a plain
     masked-language-model folder too: `kind = "sparse"` serves it as SPLADE)."""
@@ -88,6 +95,8 @@ def _detect_kind(folder: Path, transformer_dir: Path, modules: dict[str, str]) -
         return "multivector"
     if "SpladePooling" in modules:
         return "sparse"
+    if is_image_text(config):
+        return "image_text"
     if any(a.endswith("ForSequenceClassification") for a in config.get("architectures") or []):
         return "rerank" if num_labels(config) == 1 else "classify"
     return "embed"
@@ -111,6 +120,8 @@ def _engine(model: ModelConfig, kind: str, transformer_dir: Path, tasks: dict[st
     back to torch."""
     # CTranslate2 converts encoders and classification heads, not masked-language-model
     # heads, and computes attended tokens only (not ColBERT's unattended expansion tokens).
+    if kind == "image_text" and model.engine in ("auto", "torch"):
+        return "torch"  # the one engine that runs both towers
     ctranslate2_lacks = ("the masked-language-model head a sparse model needs" if kind == "sparse"
                          else "the query expansion tokens this model reads without attending to them"
                          if any(task.adds_unattended_tokens for task in tasks.values()) else None)
@@ -270,9 +281,10 @@ def _pooling_from_folder(folder: Path, modules: dict[str, str]) -> str | None:
 
 def _max_length(transformer_dir: Path, configured: int | None) -> int:
     """The configured length, else sentence-transformers' max_seq_length, else the
-    tokenizer's, never more than the model's position embeddings allow."""
+    tokenizer's, never more than the model's (or its text tower's) position embeddings
+    allow."""
     config = json.loads((transformer_dir / "config.json").read_text())
-    limit = config.get("max_position_embeddings", 512)
+    limit = config.get("max_position_embeddings", (config.get("text_config") or {}).get("max_position_embeddings", 512))
     if config.get("model_type") in ("roberta", "xlm-roberta", "camembert"):
         limit -= 2  # positions start after the padding index
     candidates = [configured, _json_value(transformer_dir / "sentence_bert_config.json", "max_seq_length"),

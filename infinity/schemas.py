@@ -61,6 +61,9 @@ class EmbeddingRequest(Struct):
     user: str | None = None
     embedding_type: EmbeddingType | None = None
     embedding_types: Annotated[list[EmbeddingType], Meta(min_length=1)] | None = None
+    # What `input` holds: text, or (for models that see or hear) images or audio as data:
+    # URIs or URLs, as infinity's `modality`.
+    modality: Literal["text", "image", "audio"] = "text"
     input_type: Annotated[InputType, Meta(description="Encode the inputs as queries or as documents, for models "
                                                       "that tell them apart (multi-vector); default document")] | None = None
 
@@ -271,7 +274,7 @@ class ModelCard(Struct, kw_only=True):
     object: Literal["model"] = "model"
     owned_by: Literal["infinity"] = "infinity"
     created: int
-    kind: Literal["embed", "rerank", "classify", "multivector", "sparse"]
+    kind: Literal["embed", "rerank", "classify", "multivector", "sparse", "image_text"]
     capabilities: list[str]
     backend: str  # the engine of the first replica that loaded
     stats: ModelStats

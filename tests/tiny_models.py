@@ -322,3 +322,57 @@ def save_tiny_sparse(folder: Path, seed: int = 0, pooling: str = "max", activati
     SparseEncoder(modules=[transformer, SpladePooling(pooling, activation)],
                   max_active_dims=max_active_dims).save(str(folder))
     return folder
+
+
+# --- image-text (CLIP, SigLIP) -----------------------------------------------------------------
+
+def save_tiny_clip(folder: Path, seed: int = 0) -> Path:
+    """A CLIP of two 2-layer towers (hidden 32, projection 16; 32x32 images in 8x8
+    patches) over the tiny WordPiece tokenizer, whose [SEP] is the text tower's EOS (where
+    CLIP pools), with its processor, saved by transformers."""
+    from transformers import CLIPConfig, CLIPImageProcessor, CLIPModel, CLIPProcessor
+
+    tokenizer = train_tokenizer()
+    config = CLIPConfig(
+        text_config={"vocab_size": tokenizer.get_vocab_size(), "hidden_size": 32, "intermediate_size": 64,
+                     "num_hidden_layers": 2, "num_attention_heads": 2, "max_position_embeddings": 32,
+                     "eos_token_id": tokenizer.token_to_id("[SEP]"), "bos_token_id": tokenizer.token_to_id("[CLS]"),
+                     "pad_token_id": 0},
+        vision_config={"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2,
+                       "image_size": 32, "patch_size": 8},
+        projection_dim=16)
+    torch.manual_seed(seed)
+    CLIPModel(config).eval().save_pretrained(folder)
+    CLIPProcessor(image_processor=CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32}),
+                  tokenizer=_fast_tokenizer(tokenizer, 32)).save_pretrained(folder)
+    return folder
+
+
+def save_tiny_siglip(folder: Path, seed: int = 0) -> Path:
+    """A SigLIP of two 2-layer towers (hidden 32; texts of 16 positions, padded to all of
+    them as SigLIP is trained; 32x32 images in 8x8 patches), with its processor."""
+    from transformers import SiglipConfig, SiglipImageProcessor, SiglipModel, SiglipProcessor
+
+    tokenizer = train_tokenizer()
+    config = SiglipConfig(
+        text_config={"vocab_size": tokenizer.get_vocab_size(), "hidden_size": 32, "intermediate_size": 64,
+                     "num_hidden_layers": 2, "num_attention_heads": 2, "max_position_embeddings": 16,
+                     "pad_token_id": 0, "eos_token_id": tokenizer.token_to_id("[SEP]")},
+        vision_config={"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2,
+                       "image_size": 32, "patch_size": 8})
+    torch.manual_seed(seed)
+    SiglipModel(config).eval().save_pretrained(folder)
+    # As SigLIP's own tokenizer, it hands the model no attention mask: padding is attended to.
+    SiglipProcessor(image_processor=SiglipImageProcessor(size={"height": 32, "width": 32}),
+                    tokenizer=_fast_tokenizer(tokenizer, 16, ["input_ids"])).save_pretrained(folder)
+    return folder
+
+
+def _fast_tokenizer(tokenizer: Tokenizer, model_max_length: int,  # noqa: ANN202 (transformers stays lazy)
+                    model_input_names: list[str] | None = None):
+    from transformers import PreTrainedTokenizerFast
+
+    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="[UNK]", pad_token="[PAD]",
+                                   cls_token="[CLS]", sep_token="[SEP]", mask_token="[MASK]",
+                                   model_max_length=model_max_length,
+                                   **({"model_input_names": model_input_names} if model_input_names else {}))

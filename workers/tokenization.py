@@ -88,7 +88,8 @@ class ModelTokenizer:
         self._spec = spec
         self._tokenizer = load_tokenizer(spec, markers)
         config = json.loads((Path(spec.path) / "config.json").read_text())
-        self._vocab_size = int(config["vocab_size"])
+        # A two-tower model's vocabulary is its text tower's.
+        self._vocab_size = int(config.get("vocab_size") or config["text_config"]["vocab_size"])
         # Pairs keep the query whole and cut the document, unless the query alone is too
         # long; then both sides are cut (longest first), as for single texts.
         self._pair_tokenizer = Tokenizer.from_str(self._tokenizer.to_str())

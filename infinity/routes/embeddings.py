@@ -22,8 +22,8 @@ from infinity.schemas import (ApiVersion, BilledUnits, CohereEmbedRequest, Coher
                               text_inputs, text_or_token_inputs)
 from infinity.topology import ServedModel
 
-OPENAI_KINDS = ("embed", "multivector", "sparse")  # the model kinds each route serves
-COHERE_KINDS = ("embed",)
+OPENAI_KINDS = ("embed", "multivector", "sparse", "image_text")  # the model kinds each route serves
+COHERE_KINDS = ("embed", "image_text")
 SPARSE_KINDS = ("sparse",)
 
 
@@ -31,6 +31,10 @@ async def embeddings(request: web.Request, body: EmbeddingRequest) -> EmbeddingR
     """OpenAI embeddings; with `embedding_types`, each item holds `embeddings` by type
     instead of `embedding`."""
     model = served_model(request, body.model, OPENAI_KINDS)
+    if body.modality != "text":
+        # Not read as text: a data: URI or URL embedded as words would be a wrong vector.
+        raise APIError(422, f"model '{model.spec.name}' does not embed {body.modality} inputs here; send text "
+                            "(modality \"text\")", param="modality")
     inputs = text_or_token_inputs(body.input, max_items(request))
     if model.spec.kind == "sparse":
         return await _sparse(request, model, inputs, body)

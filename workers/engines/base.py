@@ -29,6 +29,8 @@ class RawOutput(enum.StrEnum):
     TOKEN_STATES = "token_states"  # (n, longest, hidden): the encoder's last hidden states
     SEQUENCE_LOGITS = "sequence_logits"  # (n, labels): a sequence-classification head's logits
     TOKEN_LOGITS = "token_logits"  # (n, longest, vocabulary): a masked-language-model head's logits
+    # (n, dim): a two-tower (image-text) model's text tower, its projected pooled output
+    TEXT_FEATURES = "text_features"
 
 
 def auto_class(output: RawOutput) -> type:
@@ -37,12 +39,17 @@ def auto_class(output: RawOutput) -> type:
 
     return {RawOutput.TOKEN_STATES: transformers.AutoModel,
             RawOutput.SEQUENCE_LOGITS: transformers.AutoModelForSequenceClassification,
-            RawOutput.TOKEN_LOGITS: transformers.AutoModelForMaskedLM}[output]
+            RawOutput.TOKEN_LOGITS: transformers.AutoModelForMaskedLM,
+            RawOutput.TEXT_FEATURES: transformers.AutoModel}[output]
 
 
-def output_tensor(model_output: object, output: RawOutput) -> torch.Tensor:
-    """`output` from what a model of `auto_class(output)` returns."""
-    return model_output.last_hidden_state if output is RawOutput.TOKEN_STATES else model_output.logits
+def model_output(model: torch.nn.Module, inputs: dict[str, torch.Tensor], output: RawOutput) -> torch.Tensor:
+    """Run a model of `auto_class(output)` on `inputs`; return its `output`."""
+    if output is RawOutput.TEXT_FEATURES:
+        # transformers 5 returns an output object; the projected vector is its pooler output.
+        return model.get_text_features(**inputs).pooler_output
+    result = model(**inputs)
+    return result.last_hidden_state if output is RawOutput.TOKEN_STATES else result.logits
 
 
 class Engine(Protocol):

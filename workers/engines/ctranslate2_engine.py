@@ -73,9 +73,9 @@ class CTranslate2Engine:
     def __init__(self, spec: ModelSpec, threads: int, output: RawOutput) -> None:
         import ctranslate2
 
-        if output is RawOutput.TOKEN_LOGITS:
-            raise ValueError(f"the ctranslate2 engine does not convert masked-language-model heads; '{spec.name}' "
-                             "needs one (use engine = \"onnx\" or \"torch\")")
+        if output in (RawOutput.TOKEN_LOGITS, RawOutput.TEXT_FEATURES):
+            raise ValueError(f"the ctranslate2 engine converts neither masked-language-model heads nor two-tower "
+                             f"models; '{spec.name}' needs {output} (use engine = \"torch\")")
         if spec.dtype not in COMPUTE_TYPES:
             raise ValueError(f"the ctranslate2 engine takes dtype {', '.join(COMPUTE_TYPES)}; got {spec.dtype}")
         config = json.loads((Path(spec.path) / "config.json").read_text())

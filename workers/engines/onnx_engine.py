@@ -25,7 +25,7 @@ from infinity.shared import devices
 from infinity.shared.folders import cache_dir
 from infinity.shared.protocol import ModelSpec
 from workers.engines.artifacts import cached_build
-from workers.engines.base import RawOutput, auto_class, output_tensor, pad_id, wants_wide_copy, wide_copy_pays
+from workers.engines.base import RawOutput, auto_class, model_output, pad_id, wants_wide_copy, wide_copy_pays
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +72,7 @@ class _Forward(torch.nn.Module):
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                 token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
         extra = {} if token_type_ids is None else {"token_type_ids": token_type_ids}
-        return output_tensor(self.model(input_ids=input_ids, attention_mask=attention_mask, **extra), self.output)
+        return model_output(self.model, {"input_ids": input_ids, "attention_mask": attention_mask, **extra}, self.output)
 
 
 def _takes_token_types(model: torch.nn.Module) -> bool:
@@ -176,6 +176,9 @@ class OnnxEngine:
     name = "onnx"
 
     def __init__(self, spec: ModelSpec, threads: int, output: RawOutput) -> None:
+        if output is RawOutput.TEXT_FEATURES:
+            raise ValueError(f"the onnx engine does not export two-tower models yet; serve '{spec.name}' with "
+                             "engine = \"torch\"")
         if spec.dtype not in DTYPES:
             raise ValueError(f"the onnx engine takes dtype {', '.join(DTYPES)}; got {spec.dtype}")
         if spec.dtype == "float16" and devices.is_cpu(spec.device):

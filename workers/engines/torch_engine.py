@@ -13,7 +13,7 @@ import torch
 from infinity.shared import devices
 from infinity.shared.protocol import ModelSpec
 from workers.engines import packed_bert
-from workers.engines.base import RawOutput, auto_class, output_tensor, pad_id
+from workers.engines.base import RawOutput, auto_class, model_output, pad_id
 from workers.engines.packed_bert import PackedBert
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -69,5 +69,5 @@ class TorchEngine:
         inputs = {"input_ids": ids, "attention_mask": mask}
         if self._takes_token_types:
             inputs["token_type_ids"] = types
-        return output_tensor(self._model(**inputs), self._output)
+        return model_output(self._model, inputs, self._output)
 

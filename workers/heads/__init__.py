@@ -22,6 +22,7 @@ HEADS = {
     "classify": "workers.heads.scores:ClassScores",
     "multivector": "workers.heads.multivector:TokenVectors",
     "sparse": "workers.heads.sparse:SparseWeights",
+    "image_text": "workers.heads.image_text:TowerEmbedding",
 }
 
 
