@@ -27,7 +27,8 @@ from infinity.connections import BODY, track_request
 from infinity.errors import APIError, ServingError, error_response, from_kind
 from infinity.pipeline import Pipeline, StartupError
 from infinity.routes import ROUTES, Route
-from infinity.routes.common import CONFIG, PIPELINE
+from infinity.media_fetch import MediaFetcher
+from infinity.routes.common import CONFIG, FETCHER, PIPELINE
 from infinity.schemas import decode_body
 from infinity.shared.protocol import ModelSpec
 from infinity.supervisor import Launch, spawn_process
@@ -51,7 +52,8 @@ def create_app(config: Config, specs: list[ModelSpec], launch: Launch = spawn_pr
         middlewares=[_json_errors, _authorization(server.api_key), track_request],
     )
     app[CONFIG] = config
-    app[PIPELINE] = Pipeline(server, specs, launch)
+    app[PIPELINE] = Pipeline(server, specs, launch, config.media)
+    app[FETCHER] = MediaFetcher(config.media)
     app[EXIT_CODE] = [0]
     app[MAX_INPUT_CHARS] = max(spec.max_input_chars for spec in specs)
     for route in ROUTES:
@@ -165,6 +167,7 @@ async def _start_pipeline(app: web.Application) -> None:
 async def _stop_pipeline(app: web.Application) -> None:
     app[START_TASK].cancel()
     await app[PIPELINE].stop()
+    await app[FETCHER].close()
 
 
 async def _read(request: web.Request, request_type: type[Struct]) -> Any:

@@ -163,3 +163,25 @@ async def _read_capped(response: aiohttp.ClientResponse, url: URL, item: str, ma
 
 def _invalid(message: str) -> ServingError:
     return ServingError(ErrorKind.INVALID_INPUT, message, param="input")
+
+
+async def media_bytes(fetcher: MediaFetcher, items: object, max_bytes: int, max_items: int) -> list[bytes]:
+    """A request's media `input` (a string or a list of them: data: URIs, passed on as
+    they are for the preprocessing processes to decode, or http(s) URLs, fetched here
+    at once) as the bytes `protocol.Tokenize.images` carries."""
+    listed = [items] if isinstance(items, str) else items
+    if not isinstance(listed, list) or not listed or not all(isinstance(item, str) and item for item in listed):
+        raise _invalid("input must be a data: URI or an http(s) URL, or a non-empty list of them")
+    if len(listed) > max_items:
+        raise _invalid(f"input has {len(listed)} items, more than the limit of {max_items} per request")
+    for i, item in enumerate(listed):
+        if not item.startswith(("data:", "http://", "https://")):
+            raise _invalid(f"input[{i}] is neither a data: URI nor an http(s) URL")
+    try:
+        async with asyncio.TaskGroup() as group:  # one failure cancels the other fetches
+            tasks = [group.create_task(fetcher.fetch(item, f"input[{i}]", max_bytes))
+                     for i, item in enumerate(listed) if not item.startswith("data:")]
+    except* ServingError as failed:
+        raise failed.exceptions[0] from None
+    fetched = iter(task.result() for task in tasks)
+    return [item.encode("ascii", "replace") if item.startswith("data:") else next(fetched) for item in listed]

@@ -25,7 +25,7 @@ import numpy as np
 import zmq
 from numpy.lib.format import descr_to_dtype
 
-from infinity.config import ServerConfig
+from infinity.config import MediaConfig, ServerConfig
 from infinity.errors import ServingError
 from infinity.schemas import ModelInputs
 from infinity.shared import protocol, shm
@@ -100,8 +100,10 @@ class Result:
 
 
 class Pipeline:
-    def __init__(self, server: ServerConfig, specs: list[ModelSpec], launch: Launch = spawn_process) -> None:
+    def __init__(self, server: ServerConfig, specs: list[ModelSpec], launch: Launch = spawn_process,
+                 media: MediaConfig | None = None) -> None:
         self._server = server
+        self._media = media or MediaConfig()
         self._folder = shm.ServerFolder()  # arenas and socket files
         self._context = zmq.Context()
         self._inbox = self._context.socket(zmq.PULL)
@@ -151,6 +153,7 @@ class Pipeline:
             name=name, front_endpoint=self._endpoint("front"), endpoint=self._endpoint(name),
             models=specs, cpus=cpus, threads=threads, arena_prefix=self._folder.arena_prefix(),
             arena_slots=self._server.max_queued_items, log_level=self._server.log_level,
+            max_image_bytes=self._media.max_image_bytes, max_image_pixels=self._media.max_image_pixels,
         )
 
     @property
@@ -187,7 +190,7 @@ class Pipeline:
         limit = model.spec.max_input_chars
         request = protocol.Tokenize(self._next_id, model.spec.name, _within(inputs.texts, limit), inputs.token_ids,
                                     _within([inputs.query], limit)[0] if inputs.query is not None else None,
-                                    inputs.task)
+                                    inputs.task, inputs.images)
         if tokenizer is not None:
             try:
                 tokenizer.send(request)
@@ -198,7 +201,7 @@ class Pipeline:
         pending = _Pending(self._next_id, model, slots, asyncio.get_running_loop().create_future(), tokenizer)
         self._pending[pending.request_id] = pending
         if inline is not None:
-            answer = reply(inline, request)
+            answer = reply(inline.tokenize, request)
             self._handlers[type(answer)](answer)
         try:
             return await pending.future
@@ -273,7 +276,8 @@ class Pipeline:
         pending.replica = replica
         replica.outstanding += len(pending.slots)
         replica.child.send(protocol.Infer(message.request_id, model.spec.name, message.ids,
-                                          message.lengths, pending.slots, message.type_ids, message.masks))
+                                          message.lengths, pending.slots, message.type_ids, message.masks,
+                                          message.pixels, message.pixel_shape))
 
     def _on_done(self, message: protocol.Done) -> None:
         pending = self._take(message.request_id)
@@ -363,8 +367,8 @@ class Pipeline:
 
 def _small(inputs: ModelInputs) -> bool:
     """One input, cheap to tokenize: a text of at most `INLINE_MAX_CHARS`, or token ids."""
-    return len(inputs) == 1 and inputs.query is None and (inputs.texts is None
-                                                          or len(inputs.texts[0]) <= INLINE_MAX_CHARS)
+    return len(inputs) == 1 and inputs.query is None and inputs.images is None and (
+        inputs.texts is None or len(inputs.texts[0]) <= INLINE_MAX_CHARS)
 
 
 def _within(texts: list[str] | None, limit: int) -> list[str] | None:

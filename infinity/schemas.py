@@ -306,9 +306,11 @@ class ModelInputs(msgspec.Struct, frozen=True):
     token_ids: list[list[int]] | None = None
     query: str | None = None
     task: str | None = None
+    images: list[bytes] | None = None  # fetched bytes or data: URIs (see `protocol.Tokenize.images`)
 
     def __len__(self) -> int:
-        return len(self.texts if self.texts is not None else self.token_ids)  # type: ignore[arg-type]
+        inputs = next(i for i in (self.texts, self.token_ids, self.images) if i is not None)
+        return len(inputs)
 
 
 def decode_body(body: bytes | bytearray, request_type: type[msgspec.Struct], max_chars: int | None = None) -> Any:

@@ -32,6 +32,7 @@ def server(folders, tmp_path_factory):
     from tests.conftest import start_server_process
 
     config = "".join(f'[[models]]\nname = "{name}"\nsource = "{folder}"\n' for name, folder in folders.items())
+    config += "[media]\nallow_private_networks = true\n"  # the tests' image server is on loopback
     proc = start_server_process(config=config, log_dir=tmp_path_factory.mktemp("image-text-server"))
     try:
         yield proc
@@ -66,8 +67,9 @@ def _embed(server, model: str, texts: list[str]) -> np.ndarray:
 
 def test_the_models_are_served_as_image_text(server):
     cards = {card["id"]: card for card in server.get("/v1/models").json()["data"]}
-    assert {name: (card["kind"], card["dimensions"], card["backend"]) for name, card in cards.items()} == {
-        CLIP: ("image_text", 16, "torch"), SIGLIP: ("image_text", 32, "torch")}
+    assert {name: (card["kind"], card["dimensions"], card["backend"], card["capabilities"])
+            for name, card in cards.items()} == {CLIP: ("image_text", 16, "torch", ["embed", "image_embed"]),
+                                                 SIGLIP: ("image_text", 32, "torch", ["embed", "image_embed"])}
 
 
 @pytest.mark.parametrize("model", [CLIP, SIGLIP])
@@ -110,10 +112,9 @@ def test_the_cohere_route_embeds_text_with_an_image_text_model(server, folders):
                                atol=1e-5)
 
 
-@pytest.mark.parametrize("modality", ["image", "audio"])
-def test_inputs_of_another_modality_are_refused_not_read_as_text(server, modality):
-    answer = server.post("/v1/embeddings", json={"model": CLIP, "input": ["data:image/png;base64,iVBORw0KGgo="],
-                                                 "modality": modality})
+def test_inputs_of_a_modality_the_model_lacks_are_refused_not_read_as_text(server):
+    answer = server.post("/v1/embeddings", json={"model": CLIP, "input": ["data:audio/wav;base64,UklGRg=="],
+                                                 "modality": "audio"})
     assert assert_error(answer, 422)["param"] == "modality"
 
 
@@ -130,3 +131,151 @@ def test_a_clip_whose_tokenizer_never_gives_its_pooling_token_is_refused(folders
     (broken / "config.json").write_text(json.dumps(config))
     with pytest.raises(ConfigError, match="pools at token id 7"):
         resolve_model(ModelConfig(name="broken", source=str(broken)))
+
+
+# --- images -------------------------------------------------------------------------------
+
+
+def _png(seed: int, size: tuple[int, int], mode: str = "RGB", fmt: str = "PNG") -> bytes:
+    import io
+
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    image = Image.fromarray(rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)).convert(mode)
+    buffer = io.BytesIO()
+    image.save(buffer, fmt)
+    return buffer.getvalue()
+
+
+def _data_uri(data: bytes, mime: str = "image/png") -> str:
+    import base64
+
+    return f"data:{mime};base64,{base64.b64encode(data).decode()}"
+
+
+def image_reference(folder, files: list[bytes]) -> np.ndarray:
+    """transformers' image vectors, normalised, of images loaded as its `load_image` loads them."""
+    import io
+
+    import torch
+    from PIL import Image, ImageOps
+    from transformers import AutoModel, AutoProcessor
+
+    model, processor = AutoModel.from_pretrained(str(folder)).eval(), AutoProcessor.from_pretrained(str(folder))
+    images = [ImageOps.exif_transpose(Image.open(io.BytesIO(data))).convert("RGB") for data in files]
+    with torch.inference_mode():
+        vectors = model.get_image_features(**processor(images=images, return_tensors="pt")).pooler_output
+    return torch.nn.functional.normalize(vectors, dim=-1).numpy()
+
+
+IMAGES = [_png(1, (40, 50)), _png(2, (64, 33), "L"), _png(3, (33, 70), "RGBA"), _png(4, (48, 48), "P", "GIF"),
+          _png(5, (50, 40), "RGB", "JPEG"), _png(6, (45, 45), "RGB", "WEBP")]
+MIMES = ["image/png", "image/png", "image/png", "image/gif", "image/jpeg", "image/webp"]
+
+
+@pytest.mark.parametrize("model", [CLIP, SIGLIP])
+def test_image_vectors_are_the_vision_towers_normalised(server, folders, model):
+    uris = [_data_uri(data, mime) for data, mime in zip(IMAGES, MIMES)]
+    answer = server.post("/v1/embeddings", json={"model": model, "input": uris, "modality": "image"})
+    assert answer.status_code == 200, answer.text
+    served = np.array([item["embedding"] for item in answer.json()["data"]], dtype=np.float32)
+    np.testing.assert_allclose(served, image_reference(folders[model], IMAGES), atol=1e-5)
+    patches = (32 // 8) ** 2
+    assert answer.json()["usage"]["prompt_tokens"] == patches * len(IMAGES)
+
+
+def test_an_image_alone_and_inside_a_batch_agree(server):
+    uris = [_data_uri(data, mime) for data, mime in zip(IMAGES, MIMES)]
+    batch = server.post("/v1/embeddings", json={"model": CLIP, "input": uris, "modality": "image"}).json()["data"]
+    for uri, item in zip(uris, batch):
+        (alone,) = server.post("/v1/embeddings", json={"model": CLIP, "input": uri, "modality": "image"}).json()["data"]
+        np.testing.assert_allclose(alone["embedding"], item["embedding"], atol=1e-5)
+
+
+@pytest.mark.parametrize(("item", "reason"), [
+    (_data_uri(_png(1, (1, 1))), "too small"),
+    (_data_uri(_png(1, (60, 60))[:300]), "could not be decoded"),
+    (_data_uri(b"no image at all"), "not an image"),
+    (_data_uri(_png(1, (40, 40)), "text/plain"), "not image/"),
+    ("data:image/png;base64,not*base64", "base64"),
+    ("ftp://example.com/a.png", "neither a data: URI nor an http(s) URL"),
+])
+def test_a_bad_image_fails_its_own_request_and_the_next_is_served(server, item, reason):
+    answer = server.post("/v1/embeddings", json={"model": CLIP, "input": [_data_uri(IMAGES[0]), item],
+                                                 "modality": "image"})
+    error = assert_error(answer, 422)
+    assert reason in error["message"] and ("input[1]" in error["message"] or "input" == error["param"])
+    good = server.post("/v1/embeddings", json={"model": CLIP, "input": [_data_uri(IMAGES[0])], "modality": "image"})
+    assert good.status_code == 200, good.text
+
+
+@pytest.fixture(scope="module")
+def image_site():
+    """A plain HTTP server on loopback serving the test images, and a 404."""
+    import http.server
+    import threading
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (the stdlib's name)
+            index = self.path.strip("/").removesuffix(".img")
+            if not index.isdigit() or int(index) >= len(IMAGES):
+                self.send_error(404)
+                return
+            body = IMAGES[int(index)]
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    site = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=site.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{site.server_address[1]}"
+    site.shutdown()
+
+
+def test_images_by_url_and_by_data_uri_agree(server, folders, image_site):
+    urls = [f"{image_site}/{i}.img" for i in range(len(IMAGES))]
+    answer = server.post("/v1/embeddings", json={"model": CLIP, "input": urls, "modality": "image"})
+    assert answer.status_code == 200, answer.text
+    np.testing.assert_allclose([item["embedding"] for item in answer.json()["data"]],
+                               image_reference(folders[CLIP], IMAGES), atol=1e-5)
+    missing = server.post("/v1/embeddings", json={"model": CLIP, "input": [f"{image_site}/99.img"],
+                                                  "modality": "image"})
+    assert "answered HTTP 404" in assert_error(missing, 422)["message"]
+
+
+def test_infinitys_image_route_and_the_openai_client(server, folders):
+    from openai import OpenAI
+
+    uris = [_data_uri(data, mime) for data, mime in zip(IMAGES[:3], MIMES[:3])]
+    expected = image_reference(folders[CLIP], IMAGES[:3])
+    answer = server.post("/embeddings_image", json={"model": CLIP, "input": uris})
+    assert answer.status_code == 200, answer.text
+    np.testing.assert_allclose([item["embedding"] for item in answer.json()["data"]], expected, atol=1e-5)
+    client = OpenAI(base_url=server.url("/v1"), api_key="unused")
+    for options in ({"encoding_format": "float"}, {}):  # the client's default asks for base64
+        data = client.embeddings.create(model=CLIP, input=uris, extra_body={"modality": "image"}, **options).data
+        np.testing.assert_allclose([item.embedding for item in data], expected, atol=1e-5)
+
+
+def test_many_clients_sending_images_and_texts_at_once_get_their_own_vectors(server, folders):
+    from concurrent.futures import ThreadPoolExecutor
+
+    texts = _texts(9, len(IMAGES))
+    text_vectors, image_vectors = reference(folders[CLIP], texts), image_reference(folders[CLIP], IMAGES)
+
+    def call(i: int) -> tuple[int, bool, list[float]]:
+        k, as_image = i % len(IMAGES), i % 2 == 0
+        body = ({"input": [_data_uri(IMAGES[k], MIMES[k])], "modality": "image"} if as_image
+                else {"input": [texts[k]]})
+        answer = server.post("/v1/embeddings", json={"model": CLIP, **body})
+        assert answer.status_code == 200, answer.text
+        return k, as_image, answer.json()["data"][0]["embedding"]
+
+    with ThreadPoolExecutor(8) as pool:
+        for k, as_image, vector in pool.map(call, range(48)):
+            np.testing.assert_allclose(vector, (image_vectors if as_image else text_vectors)[k], atol=1e-5)

@@ -64,10 +64,12 @@ class Item:
     arrived: float  # the scheduler's clock when it was queued
     attended: np.ndarray | None = None  # int8 per token: the encoder attends to it (None: all)
     read: np.ndarray | None = None  # int8 per token: the head reads its state (None: all)
+    pixels: np.ndarray | None = None  # an image for a vision tower (channels, height, width), instead of ids
+    patches: int = 0  # an image's patches: its cost, in tokens' worth
 
     @property
     def length(self) -> int:
-        return len(self.ids)
+        return self.patches if self.pixels is not None else len(self.ids)
 
 
 @dataclass
@@ -81,6 +83,7 @@ class Batch:
     # (n, longest) int64: the tokens whose states the head reads, where that is not the
     # attention mask (ColBERT's query expansion, skipped tokens); None: it is.
     read_mask: np.ndarray | None = None
+    pixel_values: np.ndarray | None = None  # (n, channels, height, width): a batch of images, not of tokens
 
 
 @dataclass
@@ -153,6 +156,20 @@ class Scheduler:
                 item = Item(request, slot, ids[part], None if type_ids is None else type_ids[part], next(self._seq),
                             arrived, None if attended is None else attended[part], None if read is None else read[part])
                 bisect.insort(queue.by_length, (item.length, item.seq, item), key=_sort_key)
+            self._wakeup.notify()
+
+    def submit_images(self, request_id: int, queue: str, pixels: np.ndarray, patches: list[int],
+                      slots: list[int]) -> None:
+        """Queue a request's images ((n, channels, height, width) `pixels`) on an image
+        queue (`image_queue`), each costing its `patches`."""
+        arrived = self._clock()
+        no_ids = np.zeros(0, dtype=np.int32)
+        with self._lock:
+            request = PendingRequest(request_id, queue, len(slots))
+            self._requests[request_id] = request
+            for image, cost, slot in zip(pixels, patches, slots, strict=True):
+                item = Item(request, slot, no_ids, None, next(self._seq), arrived, pixels=image, patches=cost)
+                bisect.insort(self._queues[queue].by_length, (item.length, item.seq, item), key=_sort_key)
             self._wakeup.notify()
 
     def cancel(self, request_id: int) -> tuple[int, bool]:
@@ -318,7 +335,15 @@ def _group_of(index: int, groups: list[tuple[int, int]]) -> tuple[int, int]:
     return next(group for group in groups if group[0] <= index <= group[1])
 
 
+def image_queue(model: str) -> str:
+    """The queue of a two-tower model's images, beside the queue of its texts (`model`)."""
+    return f"{model}#images"
+
+
 def _pad(model: str, items: list[Item], pad_id: int, wide: bool = False) -> Batch:
+    if items[0].pixels is not None:
+        nothing = np.zeros((len(items), 0), dtype=np.int64)
+        return Batch(model, items, nothing, nothing, nothing, wide, pixel_values=np.stack([i.pixels for i in items]))
     longest = max(item.length for item in items)
     input_ids = np.full((len(items), longest), pad_id, dtype=np.int64)
     attention_mask = np.zeros((len(items), longest), dtype=np.int64)

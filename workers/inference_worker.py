@@ -11,21 +11,24 @@ next batch the moment it is free.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import numpy as np
 import zmq
 from numpy.lib.format import dtype_to_descr
 
 from infinity.shared import devices, protocol
+from infinity.shared.folders import image_patches
 from infinity.shared.protocol import ModelSpec
 from infinity.shared.shm import Arena
-from workers.batching import Batch, Scheduler
+from workers.batching import Batch, Scheduler, image_queue
 from workers.engines import set_torch_threads
 from workers.engines.base import best_seconds
 from workers.heads import LoadedModel, load_model
@@ -63,15 +66,22 @@ def serve(args: protocol.WorkerArgs, context: zmq.Context, inbox: zmq.Socket, to
         to_front.send(protocol.encode(protocol.StartupFailed(args.name, f"{type(exc).__name__}: {exc}")))
         return
     scheduler = Scheduler()
+    # Each queue's model and arena: a model's texts, and a two-tower model's images apart.
+    by_queue = {spec.name: (models[spec.name], arenas[spec.name]) for spec in args.models}
     for spec in args.models:
         engine = models[spec.name].engine
         scheduler.add_model(spec.name, spec.max_batch_tokens, spec.max_batch_size, engine.pad_id,
                             *costs[spec.name], engine.lanes, engine.widens)
+        if spec.kind == "image_text":
+            image_costs = _warm_up_images(models[spec.name], json.loads((Path(spec.path) / "config.json").read_text()))
+            scheduler.add_model(image_queue(spec.name), spec.max_batch_tokens, spec.max_batch_size, engine.pad_id,
+                                *image_costs)
+            by_queue[image_queue(spec.name)] = by_queue[spec.name]
     threading.Thread(target=_guarded, args=(_receive, context, args, inbox, scheduler), daemon=True,
                      name="receiver").start()
     sender = _Sender(to_front)
     for lane in range(1, scheduler.lanes):
-        threading.Thread(target=_guarded, args=(_serve, models, arenas, scheduler, sender), daemon=True,
+        threading.Thread(target=_guarded, args=(_serve, by_queue, scheduler, sender), daemon=True,
                          name=f"lane-{lane}").start()
     infos = [protocol.ModelInfo(spec.name, spec.kind, models[spec.name].head.dim, spec.max_length,
                                 models[spec.name].head.labels, models[spec.name].head.activation,
@@ -79,7 +89,7 @@ def serve(args: protocol.WorkerArgs, context: zmq.Context, inbox: zmq.Socket, to
                                 models[spec.name].head.ragged)
              for spec in args.models]
     sender.send(protocol.Ready(args.name, os.getpid(), infos))
-    _serve(models, arenas, scheduler, sender)  # until SIGTERM
+    _serve(by_queue, scheduler, sender)  # until SIGTERM
 
 
 def _arena_name(args: protocol.WorkerArgs, model: str) -> str:
@@ -87,6 +97,23 @@ def _arena_name(args: protocol.WorkerArgs, model: str) -> str:
 
 
 MIXED_SHORT = 15  # short inputs next to the long one in the warm-up's mixed batch
+
+
+def _warm_up_images(model: LoadedModel, config: dict) -> tuple[float, float]:
+    """Run batches of one and four images (so the first requests pay no one-time costs)
+    and return the image queue's cost model: the fixed cost of a pass in patches' worth
+    (images of a model are all alike, so there is no padding to price)."""
+    vision = config["vision_config"]
+    side = int(vision["image_size"])
+    patches = image_patches(config)
+
+    def forward(count: int) -> Callable[[], object]:
+        pixels = np.zeros((count, int(vision.get("num_channels", 3)), side, side), dtype=np.float32)
+        return lambda: model.forward_images(pixels)
+
+    one, four = best_seconds([forward(1), forward(4)])
+    per_patch = max((four - one) / (3 * patches), 1e-9)
+    return min(max(one / per_patch - patches, 4.0), 1024.0), 1.0
 
 
 def _warm_up(model: LoadedModel, max_length: int) -> tuple[float, float]:
@@ -140,19 +167,21 @@ class _Sender:
             self._socket.send(data)
 
 
-def _serve(models: dict[str, LoadedModel], arenas: dict[str, Arena], scheduler: Scheduler,
-           sender: _Sender) -> None:
+def _serve(by_queue: dict[str, tuple[LoadedModel, Arena]], scheduler: Scheduler, sender: _Sender) -> None:
     """One lane: run batches as they are cut, forever."""
     while True:
         batch = scheduler.next_batch()
-        _run(batch, models[batch.model], arenas[batch.model], scheduler, sender)
+        _run(batch, *by_queue[batch.model], scheduler, sender)
 
 
 def _run(batch: Batch, model: LoadedModel, arena: Arena, scheduler: Scheduler, sender: _Sender) -> None:
     log.debug("batch of %d inputs, %d x %d tokens", len(batch.items), *batch.input_ids.shape)
     try:
-        vectors = model.forward(batch.input_ids, batch.attention_mask, batch.token_type_ids, wide=batch.wide,
-                                read_mask=batch.read_mask)
+        if batch.pixel_values is not None:
+            vectors = model.forward_images(batch.pixel_values)
+        else:
+            vectors = model.forward(batch.input_ids, batch.attention_mask, batch.token_type_ids, wide=batch.wide,
+                                    read_mask=batch.read_mask)
     except Exception as exc:
         log.exception("forward pass failed for a batch of %d", len(batch.items))
         finished = scheduler.finish(batch, error=f"inference failed: {exc}")
@@ -198,7 +227,11 @@ def _receive(context: zmq.Context, args: protocol.WorkerArgs, inbox: zmq.Socket,
     acks.connect(args.front_endpoint)
     while True:
         message = protocol.decode(inbox.recv())
-        if isinstance(message, protocol.Infer):
+        if isinstance(message, protocol.Infer) and message.pixels is not None:
+            pixels = np.frombuffer(message.pixels, dtype=np.float32).reshape(message.pixel_shape)
+            scheduler.submit_images(message.request_id, image_queue(message.model), pixels, message.lengths,
+                                    message.slots)
+        elif isinstance(message, protocol.Infer):
             ids = np.frombuffer(message.ids, dtype="<i4")
             type_ids, attended, read = (None if flags is None else np.frombuffer(flags, dtype=np.int8)
                                         for flags in (message.type_ids, *_masks(message.masks)))

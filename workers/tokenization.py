@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import msgspec
@@ -36,11 +36,13 @@ def model_tokenizer(spec: ModelSpec) -> "ModelTokenizer | TaskTokenizer":
     return TaskTokenizer(spec) if spec.tasks else ModelTokenizer(spec)
 
 
-def reply(tokenizer: "ModelTokenizer | TaskTokenizer", request: protocol.Tokenize) -> protocol.Tokenized | protocol.Failed:
-    """The answer to `request`: its tokens, an invalid input, or an internal failure if
-    the tokenizer itself fails (which must not take its process down)."""
+def reply(prepare: Callable[[protocol.Tokenize], protocol.Tokenized],
+          request: protocol.Tokenize) -> protocol.Tokenized | protocol.Failed:
+    """The answer to `request` as `prepare` (a tokenizer's, or an image preprocessor's)
+    makes it: its inputs ready for the model, an invalid input, or an internal failure if
+    `prepare` itself fails (which must not take its process down)."""
     try:
-        return tokenizer.tokenize(request)
+        return prepare(request)
     except InputError as exc:
         return protocol.Failed(request.request_id, protocol.ErrorKind.INVALID_INPUT, str(exc), param="input")
     except Exception as exc:

@@ -13,12 +13,14 @@ from msgspec import Struct
 from infinity import openapi
 from infinity.config import Config
 from infinity.errors import APIError
+from infinity.media_fetch import MediaFetcher
 from infinity.pipeline import Pipeline, Result
 from infinity.schemas import Usage
 from infinity.topology import ServedModel
 
 PIPELINE = web.AppKey("pipeline", Pipeline)
 CONFIG = web.AppKey("config", Config)
+FETCHER = web.AppKey("media_fetcher", MediaFetcher)
 
 # Errors of every route that runs a model.
 MODEL_ERRORS = (400, 404, 408, 413, 415, 422, 429, 503)
@@ -26,8 +28,9 @@ MODEL_ERRORS = (400, 404, 408, 413, 415, 422, 429, 503)
 UNNAMED_MODEL = "default/not-specified"
 # What each model kind serves (in infinity's capability names), and where.
 KIND_CAPABILITIES = {"embed": ["embed"], "multivector": ["embed", "rerank"], "sparse": ["sparse"],
-                     "rerank": ["rerank"], "classify": ["classify"], "image_text": ["embed"]}
-CAPABILITY_ROUTES = {"embed": "/v1/embeddings", "sparse": "/v1/embed_sparse (and /v1/embeddings)",
+                     "rerank": ["rerank"], "classify": ["classify"], "image_text": ["embed", "image_embed"]}
+CAPABILITY_ROUTES = {"embed": "/v1/embeddings", "image_embed": "/v1/embeddings (modality image)",
+                     "sparse": "/v1/embed_sparse (and /v1/embeddings)",
                      "rerank": "/v1/rerank", "classify": "/v1/classify"}
 
 

@@ -13,9 +13,10 @@ from aiohttp import web
 
 from infinity import openapi
 from infinity.errors import APIError
+from infinity.media_fetch import media_bytes
 from infinity.pipeline import Result
 from infinity.quantize import EmbeddingType, encode, encode_matrix
-from infinity.routes.common import CONFIG, MODEL_ERRORS, PIPELINE, Route, max_items, served_model, usage
+from infinity.routes.common import CONFIG, FETCHER, MODEL_ERRORS, PIPELINE, Route, max_items, served_model, usage
 from infinity.schemas import (ApiVersion, BilledUnits, CohereEmbedRequest, CohereEmbedResponse, CohereMeta,
                               EmbeddingData, EmbeddingRequest, EmbeddingResponse, InputTokens, ModelInputs,
                               SparseEmbedding, SparseEmbedRequest, SparseEmbedResponse, SparseValue, output_types,
@@ -24,6 +25,7 @@ from infinity.topology import ServedModel
 
 OPENAI_KINDS = ("embed", "multivector", "sparse", "image_text")  # the model kinds each route serves
 COHERE_KINDS = ("embed", "image_text")
+IMAGE_KINDS = ("image_text",)
 SPARSE_KINDS = ("sparse",)
 
 
@@ -31,11 +33,15 @@ async def embeddings(request: web.Request, body: EmbeddingRequest) -> EmbeddingR
     """OpenAI embeddings; with `embedding_types`, each item holds `embeddings` by type
     instead of `embedding`."""
     model = served_model(request, body.model, OPENAI_KINDS)
-    if body.modality != "text":
+    if body.modality == "text":
+        inputs = text_or_token_inputs(body.input, max_items(request))
+    elif body.modality == "image" and model.spec.kind == "image_text":
+        inputs = ModelInputs(images=await media_bytes(request.app[FETCHER], body.input,
+                                                      request.app[CONFIG].media.max_image_bytes, max_items(request)))
+    else:
         # Not read as text: a data: URI or URL embedded as words would be a wrong vector.
-        raise APIError(422, f"model '{model.spec.name}' does not embed {body.modality} inputs here; send text "
-                            "(modality \"text\")", param="modality")
-    inputs = text_or_token_inputs(body.input, max_items(request))
+        raise APIError(422, f"model '{model.spec.name}' does not embed {body.modality} inputs (it is of kind "
+                            f"'{model.spec.kind}')", param="modality")
     if model.spec.kind == "sparse":
         return await _sparse(request, model, inputs, body)
     if body.top_k is not None:
@@ -52,6 +58,11 @@ async def embeddings(request: web.Request, body: EmbeddingRequest) -> EmbeddingR
     else:
         data = [EmbeddingData(index=i, embeddings={t: encoded[t][i] for t in types}) for i in range(len(rows))]
     return EmbeddingResponse(data=data, model=model.spec.name, usage=usage(result))
+
+
+async def embeddings_image(request: web.Request, body: EmbeddingRequest) -> EmbeddingResponse:
+    """infinity's image route: OpenAI embeddings of images (data: URIs or URLs)."""
+    return await embeddings(request, msgspec.structs.replace(body, modality="image"))
 
 
 async def cohere_embed(request: web.Request, body: CohereEmbedRequest) -> CohereEmbedResponse:
@@ -183,6 +194,8 @@ async def _embed(request: web.Request, model: ServedModel, inputs: ModelInputs, 
 ROUTES = [
     Route(openapi.Operation("post", "/v1/embeddings", ("/embeddings",), "Embed texts or token ids (OpenAI)",
                             EmbeddingRequest, EmbeddingResponse, MODEL_ERRORS, OPENAI_KINDS), embeddings),
+    Route(openapi.Operation("post", "/embeddings_image", (), "Embed images given as data: URIs or URLs (infinity)",
+                            EmbeddingRequest, EmbeddingResponse, MODEL_ERRORS, IMAGE_KINDS), embeddings_image),
     Route(openapi.Operation("post", "/v1/embed", ("/embed", "/v2/embed"), "Embed texts (Cohere v1 and v2)",
                             CohereEmbedRequest, CohereEmbedResponse, MODEL_ERRORS, COHERE_KINDS), cohere_embed),
     Route(openapi.Operation("post", "/v1/embed_sparse", ("/embed_sparse",),

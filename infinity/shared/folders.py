@@ -1,7 +1,7 @@
 """What both sides read of a model: where the server caches files (models extracted or
-downloaded, converted engines), the label count of a classification config, and the
-families CTranslate2 converts (the front end's `engine = "auto"` picks it for them, its
-engine refuses others)."""
+downloaded, converted engines), the label count of a classification config, the patches
+of a two-tower model's images, and the families CTranslate2 converts (the front end's
+`engine = "auto"` picks it for them, its engine refuses others)."""
 
 from __future__ import annotations
 
@@ -16,6 +16,13 @@ def cache_dir() -> Path:
 def num_labels(config: dict) -> int:
     """Labels of a transformers classification config (`id2label`, else `num_labels`)."""
     return len(config.get("id2label") or {}) or int(config.get("num_labels", 2))
+
+
+def image_patches(config: dict) -> int:
+    """Patches a two-tower model's vision tower sees in one image: what an image costs a
+    forward pass, and what it is billed."""
+    vision = config["vision_config"]
+    return (int(vision["image_size"]) // int(vision["patch_size"])) ** 2
 
 
 # model_type values of the encoder families CTranslate2's converter handles (and whose

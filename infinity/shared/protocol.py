@@ -98,6 +98,9 @@ class WorkerArgs(msgspec.Struct, frozen=True):
     arena_prefix: str
     arena_slots: int
     log_level: str
+    # What one image may be (`[media]`), checked in the tokenizer processes that decode them.
+    max_image_bytes: int = 10 * 1024 * 1024
+    max_image_pixels: int = 40_000_000
 
 
 class ModelInfo(msgspec.Struct, frozen=True, array_like=True):
@@ -131,6 +134,9 @@ class Tokenize(msgspec.Struct, tag=True, array_like=True):
     token_ids: list[list[int]] | None = None
     query: str | None = None
     task: str | None = None
+    # Images instead of text: each the bytes fetched from a URL, or a data: URI's ASCII
+    # bytes (no image file starts with "data:"); decoded in the tokenizer process.
+    images: list[bytes] | None = None
 
 
 class TokenMasks(msgspec.Struct, array_like=True):
@@ -154,6 +160,10 @@ class Tokenized(msgspec.Struct, tag=True, array_like=True):
     type_ids: bytes | None = None
     masks: TokenMasks | None = None
     added: int = 0  # tokens added by query expansion: in `lengths`, not billed
+    # Images ready for the vision tower (float32, C order, of `pixel_shape`: images, channels,
+    # height, width); `lengths` then holds each image's patches and `ids` is empty.
+    pixels: bytes | None = None
+    pixel_shape: list[int] | None = None
 
 
 class Infer(msgspec.Struct, tag=True, array_like=True):
@@ -167,6 +177,8 @@ class Infer(msgspec.Struct, tag=True, array_like=True):
     slots: list[int]
     type_ids: bytes | None = None
     masks: TokenMasks | None = None
+    pixels: bytes | None = None  # as in `Tokenized`
+    pixel_shape: list[int] | None = None
 
 
 class Cancel(msgspec.Struct, tag=True, array_like=True):

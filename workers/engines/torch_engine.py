@@ -64,6 +64,13 @@ class TorchEngine:
         hidden = self._packed(ids, mask, types)
         return hidden if self._output is RawOutput.TOKEN_STATES else self._head(self._model, hidden)
 
+    @torch.inference_mode()
+    def forward_images(self, pixels: np.ndarray) -> torch.Tensor:
+        """A two-tower model's vision tower: (n, channels, height, width) float32 images ->
+        (n, dim), its projected pooled output."""
+        values = torch.from_numpy(pixels).to(self._device, dtype=next(self._model.parameters()).dtype)
+        return self._model.get_image_features(pixel_values=values).pooler_output
+
     def _padded(self, ids: torch.Tensor, mask: torch.Tensor, types: torch.Tensor) -> torch.Tensor:
         """The transformers module's own forward: token states, or a head's logits."""
         inputs = {"input_ids": ids, "attention_mask": mask}

@@ -47,6 +47,14 @@ class LoadedModel:
         return self.head(raw, torch.from_numpy(attention_mask if read_mask is None else read_mask).to(raw.device))
 
 
+    @torch.inference_mode()
+    def forward_images(self, pixels: np.ndarray) -> np.ndarray:
+        """(n, channels, height, width) float32 images -> the head's output (a two-tower
+        model's image vectors)."""
+        raw = self.engine.forward_images(pixels)
+        return self.head(raw, torch.ones((len(pixels), 1), dtype=torch.int64, device=raw.device))
+
+
 def load_model(spec: ModelSpec, threads: int) -> LoadedModel:
     """The spec's head, and the engine that gives it the raw output it needs."""
     head = load_head(spec)
