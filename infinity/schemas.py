@@ -48,12 +48,33 @@ TopK = Annotated[int, Meta(ge=1, description="A sparse model's largest this many
                                              "sorted by index; none: every nonzero value")]
 
 
+class ImageUrl(Struct):
+    url: str
+
+
+class TextPart(Struct, tag="text", tag_field="type"):
+    text: str
+
+
+class ImagePart(Struct, tag="image_url", tag_field="type"):
+    image_url: ImageUrl
+
+
+class ChatMessage(Struct):
+    """A message of vLLM's embeddings form: a text, or content parts."""
+
+    content: str | list[TextPart | ImagePart]
+    role: str = "user"
+
+
 class EmbeddingRequest(Struct):
     """OpenAI embeddings, plus the output type: `embedding_type` (one, in each item's
-    `embedding`) or `embedding_types` (several, in each item's `embeddings`), and a sparse
-    model's `top_k`."""
+    `embedding`) or `embedding_types` (several, in each item's `embeddings`), a sparse
+    model's `top_k`; or, instead of `input`, vLLM's `messages` holding one text or one
+    image."""
 
-    input: TextOrTokens
+    input: TextOrTokens | None = None
+    messages: Annotated[list[ChatMessage], Meta(min_length=1)] | None = None
     model: str | None = None
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: Annotated[int, Meta(description="Keep the first this many dimensions, then re-normalise; "
@@ -85,12 +106,21 @@ class EmbeddingRequest(Struct):
 CohereEmbeddingType = Literal[EmbeddingType, "base64"]
 
 
-class CohereEmbedRequest(Struct):
-    """Cohere v1/v2 embed bodies, texts only. `input_type` is accepted and ignored; long
-    inputs are cut at the end (or refused) as the model's `truncate` setting says, so
-    `truncate` may only be END."""
+class CohereInput(Struct):
+    """One input of Cohere v2's `inputs`: its content parts (one, for the models here)."""
 
-    texts: Annotated[list[Annotated[str, Meta(min_length=1)]], Meta(min_length=1)]
+    content: Annotated[list[TextPart | ImagePart], Meta(min_length=1)]
+
+
+class CohereEmbedRequest(Struct):
+    """Cohere v1/v2 embed bodies: `texts`, or `images` (data: URIs) for image-text models,
+    or v2's `inputs` (each one text or one image_url part). `input_type` is accepted and
+    ignored; long inputs are cut at the end (or refused) as the model's `truncate`
+    setting says, so `truncate` may only be END."""
+
+    texts: Annotated[list[Annotated[str, Meta(min_length=1)]], Meta(min_length=1)] | None = None
+    images: Annotated[list[str], Meta(min_length=1)] | None = None
+    inputs: Annotated[list[CohereInput], Meta(min_length=1)] | None = None
     model: str | None = None
     input_type: str | None = None
     embedding_types: Annotated[list[CohereEmbeddingType], Meta(min_length=1)] | None = None
@@ -210,11 +240,19 @@ class CohereMeta(Struct):
     tokens: InputTokens
 
 
+class CohereImage(Struct):
+    width: int
+    height: int
+    format: str
+    bit_depth: int
+
+
 class CohereEmbedResponse(Struct, kw_only=True):
     id: str
     # embeddings_floats: a float list per text; embeddings_by_type: by type, one value per text.
     embeddings: list[list[float]] | dict[str, list[Embedding]]
     texts: list[str]
+    images: list[CohereImage] | UnsetType = UNSET  # each input image as it was sent
     meta: CohereMeta
     response_type: Literal["embeddings_floats", "embeddings_by_type"]
 

@@ -279,3 +279,37 @@ def test_many_clients_sending_images_and_texts_at_once_get_their_own_vectors(ser
     with ThreadPoolExecutor(8) as pool:
         for k, as_image, vector in pool.map(call, range(48)):
             np.testing.assert_allclose(vector, (image_vectors if as_image else text_vectors)[k], atol=1e-5)
+
+
+def test_vllms_messages_form(server, folders):
+    text = [{"role": "user", "content": [{"type": "text", "text": "quick fox"}]}]
+    image = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": _data_uri(IMAGES[0])}}]}]
+    for messages, expected in ((text, reference(folders[CLIP], ["quick fox"])),
+                               (image, image_reference(folders[CLIP], IMAGES[:1]))):
+        answer = server.post("/v1/embeddings", json={"model": CLIP, "messages": messages})
+        assert answer.status_code == 200, answer.text
+        np.testing.assert_allclose([answer.json()["data"][0]["embedding"]], expected, atol=1e-5)
+    both = [{"role": "user", "content": text[0]["content"] + image[0]["content"]}]
+    error = assert_error(server.post("/v1/embeddings", json={"model": CLIP, "messages": both}), 422)
+    assert error["param"] == "messages" and "2 parts" in error["message"]
+    assert assert_error(server.post("/v1/embeddings", json={"model": CLIP, "messages": text, "input": "a"}),
+                        422)["param"] == "messages"
+
+
+def test_cohere_v2_embeds_images_and_describes_them(server, folders):
+    import cohere
+
+    expected = image_reference(folders[CLIP], IMAGES[:2])
+    answer = server.post("/v2/embed", json={"model": CLIP, "images": [_data_uri(IMAGES[0]), _data_uri(IMAGES[1])],
+                                            "input_type": "image", "embedding_types": ["float"]})
+    assert answer.status_code == 200, answer.text
+    np.testing.assert_allclose(answer.json()["embeddings"]["float"], expected, atol=1e-5)
+    assert answer.json()["images"] == [{"width": 40, "height": 50, "format": "png", "bit_depth": 24},
+                                       {"width": 64, "height": 33, "format": "png", "bit_depth": 8}]
+    client = cohere.ClientV2(base_url=server.url(""), api_key="unused")
+    inputs = [{"content": [{"type": "image_url", "image_url": {"url": _data_uri(data)}}]} for data in IMAGES[:2]]
+    response = client.embed(model=CLIP, inputs=inputs, input_type="image", embedding_types=["float"])
+    np.testing.assert_allclose(response.embeddings.float_, expected, atol=1e-5)
+    mixed = [inputs[0], {"content": [{"type": "text", "text": "quick fox"}]}]
+    assert assert_error(server.post("/v2/embed", json={"model": CLIP, "inputs": mixed, "input_type": "image"}),
+                        422)["param"] == "inputs"

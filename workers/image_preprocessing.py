@@ -27,13 +27,15 @@ class ImagePreprocessor:
 
     def prepare(self, request: protocol.Tokenize) -> protocol.Tokenized:
         """The answer to a `Tokenize` of images: their pixels, and their patches as lengths."""
-        images = []
+        images, infos = [], []
         for i, item in enumerate(request.images or []):
             name = f"input[{i}]"
             data = (data_uri_bytes(item.decode("ascii", "replace"), name, self._limits.max_bytes)
                     if item.startswith(b"data:") else item)
-            images.append(decode_image(data, name, self._limits))
+            image, info = decode_image(data, name, self._limits)
+            images.append(image)
+            infos.append(info)
         pixels = np.ascontiguousarray(self._processor(images=images, return_tensors="np")["pixel_values"],
                                       dtype=np.float32)
         return protocol.Tokenized(request.request_id, b"", [self._patches] * len(images), 0,
-                                  pixels=pixels.tobytes(), pixel_shape=list(pixels.shape))
+                                  pixels=pixels.tobytes(), pixel_shape=list(pixels.shape), images=infos)

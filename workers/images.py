@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from PIL import Image, ImageOps, UnidentifiedImageError
 
+from infinity.shared.protocol import ImageInfo
 from workers.tokenization import InputError
 
 # Formats decoded; others (EPS shells out to Ghostscript, for one) are refused unread.
@@ -45,9 +46,10 @@ def data_uri_bytes(uri: str, item: str, max_bytes: int, media_type: str = "image
         raise InputError(f"{item}: the data: URI's base64 is not valid") from None
 
 
-def decode_image(data: bytes, item: str, limits: ImageLimits) -> Image.Image:
+def decode_image(data: bytes, item: str, limits: ImageLimits) -> tuple[Image.Image, ImageInfo]:
     """An RGB image from the bytes of an image file: its first frame, fully decoded, turned
-    upright as its EXIF orientation says (as transformers' `load_image` does)."""
+    upright as its EXIF orientation says (as transformers' `load_image` does); and what
+    the file was."""
     if len(data) > limits.max_bytes:
         raise InputError(f"{item} is larger than {limits.max_bytes} bytes, the most this server takes of one item")
     try:
@@ -62,7 +64,8 @@ def decode_image(data: bytes, item: str, limits: ImageLimits) -> Image.Image:
                 raise InputError(f"{item} is {width}x{height} pixels, too small: the minimum is "
                                  f"{MIN_SIDE}x{MIN_SIDE}")
             image.load()  # opening reads the header only; a truncated file fails here
-            return ImageOps.exif_transpose(image).convert("RGB")
+            info = ImageInfo(width, height, (image.format or "").lower(), _bit_depth(image))
+            return ImageOps.exif_transpose(image).convert("RGB"), info
     except InputError:
         raise
     except UnidentifiedImageError:
@@ -71,3 +74,10 @@ def decode_image(data: bytes, item: str, limits: ImageLimits) -> Image.Image:
         raise InputError(f"{item} declares more pixels than this server decodes") from None
     except (OSError, ValueError, SyntaxError) as exc:  # Pillow's ways of saying a file is damaged
         raise InputError(f"{item} could not be decoded as an image ({exc})") from None
+
+
+def _bit_depth(image: Image.Image) -> int:
+    """Bits per pixel of the image as stored (a palette image's index, 8)."""
+    bands = len(image.getbands())
+    per_band = 1 if image.mode == "1" else 16 if image.mode.startswith("I;16") else 32 if image.mode in ("I", "F") else 8
+    return bands * per_band

@@ -8,6 +8,7 @@ from __future__ import annotations
 import uuid
 
 import msgspec
+from msgspec import UNSET
 import numpy as np
 from aiohttp import web
 
@@ -17,10 +18,10 @@ from infinity.media_fetch import media_bytes
 from infinity.pipeline import Result
 from infinity.quantize import EmbeddingType, encode, encode_matrix
 from infinity.routes.common import CONFIG, FETCHER, MODEL_ERRORS, PIPELINE, Route, max_items, served_model, usage
-from infinity.schemas import (ApiVersion, BilledUnits, CohereEmbedRequest, CohereEmbedResponse, CohereMeta,
-                              EmbeddingData, EmbeddingRequest, EmbeddingResponse, InputTokens, ModelInputs,
-                              SparseEmbedding, SparseEmbedRequest, SparseEmbedResponse, SparseValue, output_types,
-                              text_inputs, text_or_token_inputs)
+from infinity.schemas import (ApiVersion, BilledUnits, CohereEmbedRequest, CohereEmbedResponse, CohereImage,
+                              CohereMeta, EmbeddingData, EmbeddingRequest, EmbeddingResponse, ImagePart, InputTokens,
+                              ModelInputs, SparseEmbedding, SparseEmbedRequest, SparseEmbedResponse, SparseValue,
+                              TextPart, output_types, text_inputs, text_or_token_inputs)
 from infinity.topology import ServedModel
 
 OPENAI_KINDS = ("embed", "multivector", "sparse", "image_text")  # the model kinds each route serves
@@ -33,6 +34,7 @@ async def embeddings(request: web.Request, body: EmbeddingRequest) -> EmbeddingR
     """OpenAI embeddings; with `embedding_types`, each item holds `embeddings` by type
     instead of `embedding`."""
     model = served_model(request, body.model, OPENAI_KINDS)
+    body = _with_input(body)
     if body.modality == "text":
         inputs = text_or_token_inputs(body.input, max_items(request))
     elif body.modality == "image" and model.spec.kind == "image_text":
@@ -60,6 +62,46 @@ async def embeddings(request: web.Request, body: EmbeddingRequest) -> EmbeddingR
     return EmbeddingResponse(data=data, model=model.spec.name, usage=usage(result))
 
 
+def _cohere_inputs(body: CohereEmbedRequest) -> tuple[list[str] | None, list[str] | None]:
+    """(texts, images) of a Cohere body: `texts`, `images`, or v2's `inputs` (one part
+    each, all texts or all images)."""
+    given = [name for name in ("texts", "images", "inputs") if getattr(body, name) is not None]
+    if len(given) != 1:
+        raise APIError(422, "give one of texts, images or inputs", param="texts")
+    if body.inputs is None:
+        return body.texts, body.images
+    if any(len(item.content) != 1 for item in body.inputs):
+        raise APIError(422, "each of inputs must hold one text or one image_url part here (a two-tower model "
+                            "embeds a text and an image apart, not together)", param="inputs")
+    parts = [item.content[0] for item in body.inputs]
+    if all(isinstance(part, TextPart) for part in parts):
+        return [part.text for part in parts], None  # type: ignore[union-attr]
+    if all(isinstance(part, ImagePart) for part in parts):
+        return None, [part.image_url.url for part in parts]  # type: ignore[union-attr]
+    raise APIError(422, "inputs mix texts and images; send them in separate requests", param="inputs")
+
+
+def _with_input(body: EmbeddingRequest) -> EmbeddingRequest:
+    """The request with its one input in `input`: vLLM's `messages` (one message of one
+    text, or of one image part) turned into `input` and `modality`."""
+    if body.messages is None:
+        if body.input is None:
+            raise APIError(422, "input is required (or vLLM's messages)", param="input")
+        return body
+    if body.input is not None:
+        raise APIError(422, "give input or messages, not both", param="messages")
+    parts = [part for message in body.messages
+             for part in ([TextPart(message.content)] if isinstance(message.content, str) else message.content)]
+    if len(parts) != 1:
+        raise APIError(422, f"messages must hold one text or one image: an embedding here is of one input (a two-tower "
+                            f"model embeds a text and an image apart, not together); these hold {len(parts)} parts",
+                       param="messages")
+    (part,) = parts
+    if isinstance(part, TextPart):
+        return msgspec.structs.replace(body, input=[part.text], modality="text", messages=None)
+    return msgspec.structs.replace(body, input=[part.image_url.url], modality="image", messages=None)
+
+
 async def embeddings_image(request: web.Request, body: EmbeddingRequest) -> EmbeddingResponse:
     """infinity's image route: OpenAI embeddings of images (data: URIs or URLs)."""
     return await embeddings(request, msgspec.structs.replace(body, modality="image"))
@@ -72,15 +114,24 @@ async def cohere_embed(request: web.Request, body: CohereEmbedRequest) -> Cohere
     default = request.app[CONFIG].server.embedding_type
     types = output_types(body.embedding_types, default)
     model = served_model(request, body.model, COHERE_KINDS)
-    inputs = text_inputs(body.texts, max_items(request), "texts")
+    texts, images = _cohere_inputs(body)
+    if images is None:
+        inputs = text_inputs(texts, max_items(request), "texts")
+    elif model.spec.kind == "image_text":
+        inputs = ModelInputs(images=await media_bytes(request.app[FETCHER], images,
+                                                      request.app[CONFIG].media.max_image_bytes, max_items(request)))
+    else:
+        raise APIError(422, f"model '{model.spec.name}' does not embed images (it is of kind '{model.spec.kind}')",
+                       param="images")
     result, rows = await _embed(request, model, inputs, body.output_dimension, "output_dimension")
     version = "2" if request.path.endswith("/v2/embed") else "1"
     by_type = version == "2" or body.embedding_types is not None or default != "float"
     embeddings = ({t: encode(rows, "float", True) if t == "base64" else encode(rows, t) for t in types}
                   if by_type else encode(rows, "float"))
     tokens = result.prompt_tokens
+    described = UNSET if result.images is None else [CohereImage(*msgspec.structs.astuple(i)) for i in result.images]
     return CohereEmbedResponse(
-        id=uuid.uuid4().hex, embeddings=embeddings, texts=body.texts,  # type: ignore[arg-type]
+        id=uuid.uuid4().hex, embeddings=embeddings, texts=texts or [], images=described,  # type: ignore[arg-type]
         meta=CohereMeta(ApiVersion(version), BilledUnits(input_tokens=tokens), InputTokens(tokens)),
         response_type="embeddings_by_type" if by_type else "embeddings_floats")
 

@@ -148,6 +148,16 @@ class TokenMasks(msgspec.Struct, array_like=True):
     read: bytes | None = None
 
 
+class ImageInfo(msgspec.Struct, array_like=True):
+    """What an image was as sent (Cohere answers it): its size, its format ("png",
+    "jpeg", ...) and bits per pixel."""
+
+    width: int
+    height: int
+    format: str
+    bit_depth: int
+
+
 class Tokenized(msgspec.Struct, tag=True, array_like=True):
     """Token ids of every input of a request, concatenated as int32 little-endian."""
 
@@ -164,6 +174,7 @@ class Tokenized(msgspec.Struct, tag=True, array_like=True):
     # height, width); `lengths` then holds each image's patches and `ids` is empty.
     pixels: bytes | None = None
     pixel_shape: list[int] | None = None
+    images: list[ImageInfo] | None = None  # each image as it was sent
 
 
 class Infer(msgspec.Struct, tag=True, array_like=True):

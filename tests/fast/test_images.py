@@ -44,8 +44,9 @@ CASES = [("PNG", mode) for mode in ("RGB", "L", "LA", "P", "RGBA", "I;16")] + [
 @pytest.mark.parametrize(("fmt", "mode"), CASES)
 def test_every_mode_and_format_decodes_as_transformers_loads_it(fmt, mode):
     data = _encoded(_image(mode), fmt)
-    decoded = decode_image(data, "input[0]", LIMITS)
+    decoded, info = decode_image(data, "input[0]", LIMITS)
     assert decoded.mode == "RGB" and decoded.size == (37, 23)
+    assert (info.width, info.height, info.format) == (37, 23, fmt.lower())
     np.testing.assert_array_equal(np.asarray(decoded), _reference(data))
 
 
@@ -53,7 +54,7 @@ def test_exif_orientation_is_applied():
     exif = Image.Exif()
     exif[0x0112] = 6  # rotated 90 degrees clockwise
     data = _encoded(_image("RGB"), "JPEG", exif=exif)
-    decoded = decode_image(data, "input[0]", LIMITS)
+    decoded, _ = decode_image(data, "input[0]", LIMITS)
     assert decoded.size == (23, 37)
     np.testing.assert_array_equal(np.asarray(decoded), _reference(data))
 
@@ -61,7 +62,7 @@ def test_exif_orientation_is_applied():
 def test_an_animation_gives_its_first_frame():
     frames = [_image("RGB").quantize(8), Image.new("P", (37, 23), 3)]
     data = _encoded(frames[0], "GIF", save_all=True, append_images=frames[1:])
-    np.testing.assert_array_equal(np.asarray(decode_image(data, "input[0]", LIMITS)),
+    np.testing.assert_array_equal(np.asarray(decode_image(data, "input[0]", LIMITS)[0]),
                                   np.asarray(frames[0].convert("RGB")))
 
 
