@@ -82,7 +82,7 @@ def _handler(route: Route) -> Handler:
     answer_class = typing.get_origin(getattr(op.answer, "__supertype__", None)) or op.answer
 
     async def handle(request: web.Request) -> web.Response:
-        body = await _read(request, op.body) if op.body is not None else None
+        body = await _read(request, op.body, op.media) if op.body is not None else None
         answer = await route.serve(request, body)
         assert isinstance(answer, answer_class), f"{op.path} answered {type(answer).__name__}"
         return web.Response(body=msgspec.json.encode(answer), content_type="application/json")
@@ -170,13 +170,14 @@ async def _stop_pipeline(app: web.Application) -> None:
     await app[FETCHER].close()
 
 
-async def _read(request: web.Request, request_type: type[Struct]) -> Any:
+async def _read(request: web.Request, request_type: type[Struct], media: bool = False) -> Any:
     """The JSON body of `request` (already read by `track_request`), decoded into
-    `request_type`; a body of another declared type is 415 (see `decode_body` for the rest)."""
+    `request_type`; a body of another declared type is 415 (see `decode_body` for the rest;
+    `media`: the route's inputs are media, never shortened)."""
     if hdrs.CONTENT_TYPE in request.headers and not _is_json(request.content_type):
         raise APIError(415, f"the request body must be JSON (Content-Type: application/json), "
                             f"not {request.content_type}", code="unsupported_media_type")
-    return decode_body(request[BODY], request_type, request.app[MAX_INPUT_CHARS])
+    return decode_body(request[BODY], request_type, None if media else request.app[MAX_INPUT_CHARS])
 
 
 def _is_json(media_type: str) -> bool:

@@ -46,6 +46,7 @@ class Operation:
     answer: type[msgspec.Struct] | NewType
     errors: tuple[int, ...]
     kinds: tuple[str, ...] = ()  # the kinds of model the body's `model` may name (embed, rerank, ...)
+    media: bool = False  # its inputs are always media (data: URIs, URLs), not texts
 
 
 def document(operations: list[Operation], title: str, version: str, models: dict[str, list[str]],

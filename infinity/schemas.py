@@ -369,10 +369,21 @@ def decode_body(body: bytes | bytearray, request_type: type[msgspec.Struct], max
         repeated = _repeated_key(body, members)
         if repeated is not None:
             raise APIError(400, f"the request body names '{repeated}' more than once", param=repeated)
-        if max_chars is not None:
+        if max_chars is not None and not _carries_media(members):
             body = _shortened(body, members, max_chars)
     with _decode_errors():
         return msgspec.json.decode(body, type=request_type)
+
+
+def _carries_media(members: dict[str, msgspec.Raw]) -> bool:
+    """Whether a body's inputs are media (a data: URI is read whole, however long): Cohere's
+    `images`, or a `modality` other than text."""
+    if "images" in members:
+        return True
+    try:
+        return "modality" in members and msgspec.json.decode(members["modality"]) != "text"
+    except msgspec.DecodeError:
+        return False
 
 
 @contextmanager

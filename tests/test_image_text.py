@@ -170,8 +170,19 @@ def image_reference(folder, files: list[bytes]) -> np.ndarray:
 
 
 IMAGES = [_png(1, (40, 50)), _png(2, (64, 33), "L"), _png(3, (33, 70), "RGBA"), _png(4, (48, 48), "P", "GIF"),
-          _png(5, (50, 40), "RGB", "JPEG"), _png(6, (45, 45), "RGB", "WEBP")]
-MIMES = ["image/png", "image/png", "image/png", "image/gif", "image/jpeg", "image/webp"]
+          _png(5, (50, 40), "RGB", "JPEG"), _png(6, (45, 45), "RGB", "WEBP"), _png(7, (36, 52), "CMYK", "JPEG")]
+MIMES = ["image/png", "image/png", "image/png", "image/gif", "image/jpeg", "image/webp", "image/jpeg"]
+
+
+def _bomb() -> bytes:
+    """A 12000x12000 1-bit PNG: a few KB declaring 144 megapixels."""
+    import io
+
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.new("1", (12000, 12000)).save(buffer, "PNG", optimize=True)
+    return buffer.getvalue()
 
 
 @pytest.mark.parametrize("model", [CLIP, SIGLIP])
@@ -200,6 +211,8 @@ def test_an_image_alone_and_inside_a_batch_agree(server):
     (_data_uri(_png(1, (40, 40)), "text/plain"), "not image/"),
     ("data:image/png;base64,not*base64", "base64"),
     ("ftp://example.com/a.png", "neither a data: URI nor an http(s) URL"),
+    (_data_uri(_bomb()), "pixels"),
+    (_data_uri(b"\x89PNG" + bytes(11 * 1024 * 1024)), "more than 10485760 bytes"),
 ])
 def test_a_bad_image_fails_its_own_request_and_the_next_is_served(server, item, reason):
     answer = server.post("/v1/embeddings", json={"model": CLIP, "input": [_data_uri(IMAGES[0]), item],
@@ -313,3 +326,18 @@ def test_cohere_v2_embeds_images_and_describes_them(server, folders):
     mixed = [inputs[0], {"content": [{"type": "text", "text": "quick fox"}]}]
     assert assert_error(server.post("/v2/embed", json={"model": CLIP, "inputs": mixed, "input_type": "image"}),
                         422)["param"] == "inputs"
+
+
+def test_a_large_image_is_read_whole_on_every_route(server, folders):
+    """Long texts are read only as far as a model reads them; a data: URI is read whole."""
+    large = _png(8, (400, 300))
+    assert len(large) > 300_000
+    expected = image_reference(folders[CLIP], [large])
+    uri = _data_uri(large)
+    for path, body in (("/v1/embeddings", {"input": [uri], "modality": "image"}), ("/embeddings_image", {"input": uri}),
+                       ("/v2/embed", {"images": [uri], "input_type": "image", "embedding_types": ["float"]})):
+        answer = server.post(path, json={"model": CLIP, **body})
+        assert answer.status_code == 200, (path, answer.text)
+        vectors = answer.json()["embeddings"]["float"] if path == "/v2/embed" else [
+            item["embedding"] for item in answer.json()["data"]]
+        np.testing.assert_allclose(vectors, expected, atol=1e-5)
