@@ -26,11 +26,9 @@ import base64
 import io
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
@@ -38,8 +36,8 @@ import numpy as np
 from bench import cpu
 from bench.corpus import sentences
 from bench.loadgen import closed_loop
-from bench.run import (_INFINITY_ENV, INFINITY_EMB, OUT_DIR, REPO, ConfiguredServer, _raise_exit, add_quiet_cpu_args,
-                       free_port, least_disturbed, measure_child, parse_pairs, stop_server, wait_healthy, wait_quiet)
+from bench.run import (_INFINITY_ENV, ConfiguredServer, INFINITY_EMB, OUT_DIR, REPO, add_measurement_args, free_port,
+                       least_disturbed, measure_child, parse_pairs, start_run, stop_server, wait_healthy, wait_quiet)
 
 MODEL_DIR = Path.home() / ".cache" / "infinity-bench" / "clip-vit-b32"
 MODEL_NAME = "clip"
@@ -205,11 +203,7 @@ def _parse_args() -> argparse.Namespace:
     parser.add_argument("--image-loads", default="1x1,8x8", help="IMAGESxCONCURRENCY list")
     parser.add_argument("--text-loads", default="1x1,32x8", help="TEXTSxCONCURRENCY list")
     parser.add_argument("--peer", action="store_true", help="also infinity-emb 0.0.78 (bench/setup_infinity.sh)")
-    parser.add_argument("--duration", type=float, default=20.0)
-    parser.add_argument("--warmup", type=float, default=5.0)
-    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="ceiling threads")
-    parser.add_argument("--ceiling-duration", type=float, default=20.0)
-    add_quiet_cpu_args(parser, health_timeout=600.0)
+    add_measurement_args(parser, warmup=5.0, health_timeout=600.0)
     parser.add_argument("--ceiling", action="store_true", help=argparse.SUPPRESS)
     return parser.parse_args()
 
@@ -219,9 +213,7 @@ def main() -> int:
     if args.ceiling:
         print(json.dumps(ceiling(args.threads, args.ceiling_duration)))
         return 0
-    signal.signal(signal.SIGTERM, _raise_exit)
-    OUT_DIR.mkdir(parents=True, exist_ok=True)
-    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    stamp = start_run()
     print(f"model: {build_model()}", flush=True)
     ceil = measure_child(args, [sys.executable, "-m", "bench.images", "--ceiling", "--threads", str(args.threads),
                                 "--ceiling-duration", str(args.ceiling_duration)])

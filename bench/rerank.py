@@ -43,14 +43,11 @@ import asyncio
 import json
 import os
 import platform
-import shlex
-import signal
 import subprocess
 import sys
 import time
 import urllib.request
 from dataclasses import asdict, dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
@@ -58,8 +55,8 @@ import numpy as np
 from bench import cpu
 from bench.corpus import sentences
 from bench.loadgen import closed_loop
-from bench.run import (OUT_DIR, REPO, ConfiguredServer, _raise_exit, add_quiet_cpu_args, child_answer, fmt_number,
-                       least_disturbed, measure_child, parse_pairs, wait_quiet)  # fmt: skip
+from bench.run import (ConfiguredServer, OUT_DIR, REPO, add_measurement_args, child_answer, fmt_number,
+                       least_disturbed, measure_child, parse_pairs, start_run, wait_quiet)
 
 MODEL_DIR = Path.home() / ".cache" / "infinity-bench" / "minilm-cross-encoder"
 MODEL_NAME = "reranker"
@@ -462,14 +459,10 @@ def _parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     parser.add_argument("--loads", default=DEFAULT_LOADS, help="DOCSxCONCURRENCY list")
-    parser.add_argument("--duration", type=float, default=20.0, help="measured seconds per load")
-    parser.add_argument("--warmup", type=float, default=3.0, help="discarded seconds per load")
-    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="ceiling threads")
-    parser.add_argument("--ceiling-duration", type=float, default=20.0)
+    add_measurement_args(parser)
     parser.add_argument("--ceiling-chunk", type=int, default=1024, help="pairs per predict() call")
     parser.add_argument("--request-duration", type=float, default=8.0,
                         help="seconds of the one-request-per-call ceilings (16 and 64 pairs)")  # fmt: skip
-    add_quiet_cpu_args(parser)
     child = parser.add_mutually_exclusive_group()
     child.add_argument("--prepare", action="store_true", help=argparse.SUPPRESS)
     child.add_argument("--ceiling", action="store_true", help=argparse.SUPPRESS)
@@ -493,16 +486,13 @@ def main() -> int:
         print(json.dumps(ceiling(args.threads, args.ceiling_duration, args.ceiling_chunk, args.request_duration)))
         return 0
 
-    signal.signal(signal.SIGTERM, _raise_exit)
     shapes = parse_loads(args.loads)
-    OUT_DIR.mkdir(parents=True, exist_ok=True)
-    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    stamp = start_run()
 
     reference = child_answer(_child(args, "prepare"))
     print(f"  model: {MODEL_DIR} (CrossEncoder max_length {reference['max_length']})", flush=True)
 
     command = _child(args, "ceiling")
-    print(f"$ {shlex.join(command)}", flush=True)
     ceil = measure_child(args, command)
     print(f"  ceiling: {ceil['pairs_per_s']:.1f} pairs/s ({ceil['chunk']} pairs per call); "
           + "; ".join(f"{d} pairs per call: {ceil[f'request_{d}']['pairs_per_s']:.1f} pairs/s, "

@@ -163,6 +163,26 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def start_run() -> str:
+    """Set up a benchmark's run: SIGTERM ends it through its cleanups (servers stopped),
+    bench/out exists; return the run's UTC stamp, which names what it writes there."""
+    signal.signal(signal.SIGTERM, _raise_exit)
+    OUT_DIR.mkdir(parents=True, exist_ok=True)
+    return datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+
+
+def add_measurement_args(parser: argparse.ArgumentParser, duration: float = 20.0, warmup: float = 3.0,
+                         ceiling_duration: float = 20.0, health_timeout: float = 300.0) -> None:
+    """The options every benchmark of a server against an in-process ceiling takes: how
+    long each load and the ceiling are measured, the ceiling's threads, and the quiet-CPU
+    options (`add_quiet_cpu_args`)."""
+    parser.add_argument("--duration", type=float, default=duration, help="measured seconds per load")
+    parser.add_argument("--warmup", type=float, default=warmup, help="discarded seconds per load")
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="ceiling threads")
+    parser.add_argument("--ceiling-duration", type=float, default=ceiling_duration)
+    add_quiet_cpu_args(parser, health_timeout)
+
+
 def add_quiet_cpu_args(parser: argparse.ArgumentParser, health_timeout: float = 300.0) -> None:
     """The options every benchmark takes for measuring on a quiet machine (`wait_quiet`,
     `least_disturbed`) and for a server's start."""
@@ -215,7 +235,6 @@ def run_ceiling(args: argparse.Namespace) -> dict[str, float]:
         "--duration", str(args.ceiling_duration),
         "--chunk", str(args.ceiling_chunk),
     ]  # fmt: skip
-    print(f"$ {shlex.join(command)}", flush=True)
     return measure_child(args, command)
 
 
@@ -223,7 +242,6 @@ def run_engine_ceiling(args: argparse.Namespace, choice: str) -> dict[str, float
     """Run ``bench.engines`` for ENGINE:DTYPE ``choice`` in a child process and return its
     figures (``bench.engines.COLUMNS``), with the CPU shares of ``measure_child``."""
     command = [sys.executable, "-m", "bench.engines", "--json", "--engine", choice, "--threads", str(args.threads)]
-    print(f"$ {shlex.join(command)}", flush=True)
     return measure_child(args, command)
 
 
@@ -239,6 +257,7 @@ def measure_child(args: argparse.Namespace, command: list[str]) -> dict[str, flo
     child process on a quiet machine, redone while others disturbed it (``--idle-wait``,
     ``--max-noise``, ``--retries``); return its JSON with ``others_before`` and
     ``others_during`` added."""
+    print(f"$ {shlex.join(command)}", flush=True)
     return least_disturbed(args, partial(_ceiling_once, args, command), _ceiling_noise)
 
 

@@ -42,14 +42,11 @@ import argparse
 import asyncio
 import json
 import os
-import shlex
 import shutil
-import signal
 import sys
 import time
 import urllib.request
 from dataclasses import asdict, dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
@@ -57,8 +54,8 @@ import numpy as np
 from bench import cpu
 from bench.corpus import sentences
 from bench.loadgen import closed_loop
-from bench.run import (OUT_DIR, REPO, ConfiguredServer, _raise_exit, add_quiet_cpu_args, child_answer, fmt_number,
-                       least_disturbed, measure_child, parse_pairs, wait_quiet)  # fmt: skip
+from bench.run import (ConfiguredServer, OUT_DIR, REPO, add_measurement_args, child_answer, fmt_number,
+                       least_disturbed, measure_child, parse_pairs, start_run, wait_quiet)
 
 MODEL_ROOT = Path.home() / ".cache" / "infinity-bench"
 MODEL_NAME = "splade"
@@ -309,13 +306,9 @@ def _parse_args() -> argparse.Namespace:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     parser.add_argument("--loads", default=DEFAULT_LOADS, help="BATCHxCONCURRENCY list")
     parser.add_argument("--engine", default="auto", choices=["auto", "onnx", "torch"], help="our server's engine")
-    parser.add_argument("--duration", type=float, default=30.0, help="measured seconds per load")
-    parser.add_argument("--warmup", type=float, default=5.0, help="discarded seconds per load")
-    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="ceiling threads")
-    parser.add_argument("--ceiling-duration", type=float, default=30.0)
+    add_measurement_args(parser, duration=30.0, warmup=5.0, ceiling_duration=30.0, health_timeout=900.0)
     parser.add_argument("--ceiling-chunk", type=int, default=256, help="texts per encode() call")
     parser.add_argument("--layers", type=int, default=12, help="fewer only to check this script quickly")
-    add_quiet_cpu_args(parser, health_timeout=900.0)  # the ONNX export is slow
     child = parser.add_mutually_exclusive_group()
     child.add_argument("--prepare", action="store_true", help=argparse.SUPPRESS)
     child.add_argument("--ceiling", action="store_true", help=argparse.SUPPRESS)
@@ -339,16 +332,13 @@ def main() -> int:
         print(json.dumps(ceiling(args.layers, args.threads, args.ceiling_duration, args.ceiling_chunk)))
         return 0
 
-    signal.signal(signal.SIGTERM, _raise_exit)
     parse_pairs(args.loads)  # a bad load list fails before anything is built
-    OUT_DIR.mkdir(parents=True, exist_ok=True)
-    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    stamp = start_run()
 
     reference = child_answer(_child(args, "prepare"))
     print(f"  model: {model_dir(args.layers)} (SparseEncoder max_seq_length {reference['max_length']})", flush=True)
 
     command = _child(args, "ceiling")
-    print(f"$ {shlex.join(command)}", flush=True)
     ceil = measure_child(args, command)
     print(f"  ceiling: {ceil['texts_per_s']:.1f} texts/s ({ceil['chunk']} texts per call); "
           f"others' CPU {ceil['others_during']:.0%}", flush=True)  # fmt: skip

@@ -28,15 +28,12 @@ import asyncio
 import base64
 import json
 import os
-import shlex
 import shutil
-import signal
 import sys
 import time
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
@@ -44,8 +41,8 @@ import numpy as np
 from bench import cpu
 from bench.corpus import sentences
 from bench.loadgen import closed_loop
-from bench.run import (OUT_DIR, ConfiguredServer, _raise_exit, add_quiet_cpu_args, least_disturbed, measure_child,
-                       parse_pairs, wait_quiet)  # fmt: skip
+from bench.run import (ConfiguredServer, OUT_DIR, add_measurement_args, least_disturbed, measure_child, parse_pairs,
+                       start_run, wait_quiet)
 
 CACHE = Path.home() / ".cache" / "infinity-bench"
 MODEL_NAME = "bench-model"
@@ -202,12 +199,8 @@ def _parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--kind", choices=sorted(KINDS), required=True)
     parser.add_argument("--loads", default="32x4,32x8", help="DOCSxCONCURRENCY list")
-    parser.add_argument("--duration", type=float, default=20.0, help="measured seconds per load")
-    parser.add_argument("--warmup", type=float, default=5.0, help="discarded seconds per load")
-    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="ceiling threads")
-    parser.add_argument("--ceiling-duration", type=float, default=20.0)
+    add_measurement_args(parser, warmup=5.0, health_timeout=600.0)
     parser.add_argument("--ceiling-chunk", type=int, default=256, help="documents per encode call")
-    add_quiet_cpu_args(parser, health_timeout=600.0)
     parser.add_argument("--ceiling", action="store_true", help=argparse.SUPPRESS)
     return parser.parse_args()
 
@@ -217,14 +210,11 @@ def main() -> int:
     if args.ceiling:
         print(json.dumps(ceiling(args.kind, args.threads, args.ceiling_duration, args.ceiling_chunk)))
         return 0
-    signal.signal(signal.SIGTERM, _raise_exit)
-    OUT_DIR.mkdir(parents=True, exist_ok=True)
-    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    stamp = start_run()
     print(f"model: {model_folder(args.kind)}", flush=True)
     command = [sys.executable, "-m", "bench.token_outputs", "--ceiling", "--kind", args.kind, "--threads",
                str(args.threads), "--ceiling-duration", str(args.ceiling_duration), "--ceiling-chunk",
                str(args.ceiling_chunk)]
-    print(f"$ {shlex.join(command)}", flush=True)
     ceil = measure_child(args, command)
     print(f"  ceiling: {ceil['docs_per_s']:.1f} docs/s, others' CPU {ceil['others_during']:.0%}", flush=True)
     rows = bench_server(args, ceil, stamp)

@@ -59,12 +59,16 @@ def document(operations: list[Operation], title: str, version: str, models: dict
     for named, schema in zip(types, schemas):
         if "$ref" not in schema:  # a NewType's: referenced by its name like the others
             components[named.__name__] = schema
+    # A body type shared by several operations names a model of any of their kinds.
+    kinds_by_body: dict[str, list[str]] = {}
     for op in operations:
         if op.body is not None and op.kinds:
-            kinds = " or ".join(op.kinds)
-            components[op.body.__name__]["properties"]["model"] = {
-                "anyOf": [{"enum": [name for kind in op.kinds for name in models.get(kind, [])]}, {"type": "null"}],
-                "description": f"A served model of kind {kinds}; none: the only one of those kinds"}
+            kinds_by_body.setdefault(op.body.__name__, [])
+            kinds_by_body[op.body.__name__] += [kind for kind in op.kinds if kind not in kinds_by_body[op.body.__name__]]
+    for body, kinds in kinds_by_body.items():
+        components[body]["properties"]["model"] = {
+            "anyOf": [{"enum": [name for kind in kinds for name in models.get(kind, [])]}, {"type": "null"}],
+            "description": f"A served model of kind {' or '.join(kinds)}; none: the only one of those kinds"}
     paths: dict[str, dict[str, Any]] = {}
     for op in operations:
         for path in (op.path, *op.aliases):

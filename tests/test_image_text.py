@@ -341,3 +341,10 @@ def test_a_large_image_is_read_whole_on_every_route(server, folders):
         vectors = answer.json()["embeddings"]["float"] if path == "/v2/embed" else [
             item["embedding"] for item in answer.json()["data"]]
         np.testing.assert_allclose(vectors, expected, atol=1e-5)
+
+
+def test_the_api_document_lists_the_image_text_models(server):
+    document = server.get("/openapi.json").json()
+    model = document["components"]["schemas"]["EmbeddingRequest"]["properties"]["model"]
+    assert set(model["anyOf"][0]["enum"]) == {CLIP, SIGLIP}
+    assert "/embeddings_image" in document["paths"]
