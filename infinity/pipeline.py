@@ -61,7 +61,7 @@ class _Pending:
     replica: Replica | None = None  # where it was sent to run
     prompt_tokens: int = 0
     truncated: int = 0
-    images: list[protocol.ImageInfo] | None = None
+    image_info: list[protocol.ImageInfo] | None = None
     abandoned: bool = False  # the client went away (or was answered with an error)
 
 
@@ -76,7 +76,7 @@ class Result:
     prompt_tokens: int
     truncated: int
     ragged: dict[int, np.ndarray] | None = None  # outputs that vary in size, by slot (not in the arena)
-    images: list[protocol.ImageInfo] | None = None  # what each input image was, for images
+    image_info: list[protocol.ImageInfo] | None = None  # what each input image was, for images
     _released: bool = field(default=False, repr=False)
 
     @property
@@ -274,7 +274,7 @@ class Pipeline:
             return
         pending.prompt_tokens = sum(message.lengths) - message.added
         pending.truncated = message.truncated
-        pending.images = message.images
+        pending.image_info = message.image_info
         pending.holder = replica.child
         pending.replica = replica
         replica.outstanding += len(pending.slots)
@@ -294,7 +294,8 @@ class Pipeline:
         replica.served += len(pending.slots)
         ragged = None if message.outputs is None else _by_slot(message.outputs)
         pending.future.set_result(Result(pending.model, replica.arena, pending.slots,
-                                         pending.prompt_tokens, pending.truncated, ragged, pending.images))
+                                         pending.prompt_tokens, pending.truncated, ragged,
+                                         pending.image_info))
 
     def _on_failed(self, message: protocol.Failed) -> None:
         pending = self._pending.get(message.request_id)

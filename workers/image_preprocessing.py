@@ -38,4 +38,4 @@ class ImagePreprocessor:
         pixels = np.ascontiguousarray(self._processor(images=images, return_tensors="np")["pixel_values"],
                                       dtype=np.float32)
         return protocol.Tokenized(request.request_id, b"", [self._patches] * len(images), 0,
-                                  pixels=pixels.tobytes(), pixel_shape=list(pixels.shape), images=infos)
+                                  pixels=pixels.tobytes(), pixel_shape=list(pixels.shape), image_info=infos)

@@ -129,7 +129,8 @@ async def cohere_embed(request: web.Request, body: CohereEmbedRequest) -> Cohere
     embeddings = ({t: encode(rows, "float", True) if t == "base64" else encode(rows, t) for t in types}
                   if by_type else encode(rows, "float"))
     tokens = result.prompt_tokens
-    described = UNSET if result.images is None else [CohereImage(*msgspec.structs.astuple(i)) for i in result.images]
+    described = (UNSET if result.image_info is None
+                 else [CohereImage(*msgspec.structs.astuple(info)) for info in result.image_info])
     return CohereEmbedResponse(
         id=uuid.uuid4().hex, embeddings=embeddings, texts=texts or [], images=described,  # type: ignore[arg-type]
         meta=CohereMeta(ApiVersion(version), BilledUnits(input_tokens=tokens), InputTokens(tokens)),

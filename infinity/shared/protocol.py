@@ -174,7 +174,7 @@ class Tokenized(msgspec.Struct, tag=True, array_like=True):
     # height, width); `lengths` then holds each image's patches and `ids` is empty.
     pixels: bytes | None = None
     pixel_shape: list[int] | None = None
-    images: list[ImageInfo] | None = None  # each image as it was sent
+    image_info: list[ImageInfo] | None = None  # each image as it was sent
 
 
 class Infer(msgspec.Struct, tag=True, array_like=True):
