@@ -8,12 +8,12 @@ says), whatever else is in the batch."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from tokenizers import Tokenizer
 
 from infinity.config import ConfigError
+from infinity.shared.folders import special_token
 from infinity.shared.protocol import TaskEncoding
 
 # Families with both towers in one folder, by config.json's model_type.
@@ -50,10 +50,7 @@ def text_tasks(name: str, folder: Path, config: dict) -> dict[str, TaskEncoding]
 
 
 def _pad_id(folder: Path, tokenizer: Tokenizer, text_config: dict) -> int:
-    settings = json.loads((folder / "tokenizer_config.json").read_text()) if (
-        folder / "tokenizer_config.json").is_file() else {}
-    token = settings.get("pad_token")
-    token = token.get("content") if isinstance(token, dict) else token
+    token = special_token(folder, "pad_token")
     pad = tokenizer.token_to_id(token) if token else None
     return pad if pad is not None else int(text_config.get("pad_token_id") or 0)
 

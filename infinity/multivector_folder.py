@@ -19,6 +19,7 @@ from pathlib import Path
 from tokenizers import Tokenizer
 
 from infinity.config import ConfigError
+from infinity.shared.folders import special_token
 from infinity.shared.protocol import TaskEncoding
 
 SIMILARITIES = ("maxsim", "meanmaxsim")  # meanmaxsim: MaxSim divided by the query's token count
@@ -135,7 +136,7 @@ def _expanded(name: str, query: TaskEncoding, expansion: dict, transformer_dir: 
     """The query side with ColBERT's expansion: "fixed" makes every query exactly `length`
     tokens (cut or filled), "min" fills shorter ones only."""
     length = min(int(expansion["length"]), max_length)
-    token = expansion.get("token") or _special_token(transformer_dir, "mask_token") or _special_token(
+    token = expansion.get("token") or special_token(transformer_dir, "mask_token") or special_token(
         transformer_dir, "eos_token")
     token_id = tokenizer.token_to_id(token) if token else None
     if token_id is None:
@@ -177,12 +178,6 @@ def _refuse_unserved(name: str, folder: Path, modules: dict[str, str]) -> None:
         activation = _json(folder / modules["Dense"] / "config.json").get("activation_function", "Identity")
         if not activation.endswith("Identity"):
             raise ConfigError(f"model '{name}': a projection with an activation ({activation}) is not served yet")
-
-
-def _special_token(transformer_dir: Path, key: str) -> str | None:
-    """A special token named in tokenizer_config.json (a string, or an object holding it)."""
-    value = _json(transformer_dir / "tokenizer_config.json").get(key)
-    return value.get("content") if isinstance(value, dict) else value
 
 
 def _json(path: Path) -> dict:

@@ -11,14 +11,12 @@ next batch the moment it is free.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import re
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import numpy as np
 import zmq
@@ -30,7 +28,7 @@ from infinity.shared.protocol import ModelSpec
 from infinity.shared.shm import Arena
 from workers.batching import Batch, Scheduler, image_queue
 from workers.engines import set_torch_threads
-from workers.engines.base import best_seconds
+from workers.engines.base import best_seconds, model_config
 from workers.heads import LoadedModel, load_model
 from workers.process import LAST_MESSAGE_LINGER_MS, start_child
 
@@ -54,6 +52,8 @@ def serve(args: protocol.WorkerArgs, context: zmq.Context, inbox: zmq.Socket, to
         models = {spec.name: load(spec, args.threads) for spec in args.models}
         set_torch_threads([model.engine for model in models.values()], args.threads)
         costs = {spec.name: _warm_up(models[spec.name], spec.max_length) for spec in args.models}
+        image_costs = {spec.name: _warm_up_images(models[spec.name], model_config(spec))
+                       for spec in args.models if spec.kind == "image_text"}
         # A model whose outputs vary in size sends them with `Done`: its arena is empty.
         arenas = {spec.name: Arena(_arena_name(args, spec.name), args.arena_slots,
                                    0 if models[spec.name].head.ragged else models[spec.name].head.dim, create=True)
@@ -72,10 +72,9 @@ def serve(args: protocol.WorkerArgs, context: zmq.Context, inbox: zmq.Socket, to
         engine = models[spec.name].engine
         scheduler.add_model(spec.name, spec.max_batch_tokens, spec.max_batch_size, engine.pad_id,
                             *costs[spec.name], engine.lanes, engine.widens)
-        if spec.kind == "image_text":
-            image_costs = _warm_up_images(models[spec.name], json.loads((Path(spec.path) / "config.json").read_text()))
+        if spec.name in image_costs:
             scheduler.add_model(image_queue(spec.name), spec.max_batch_tokens, spec.max_batch_size, engine.pad_id,
-                                *image_costs)
+                                *image_costs[spec.name])
             by_queue[image_queue(spec.name)] = by_queue[spec.name]
     threading.Thread(target=_guarded, args=(_receive, context, args, inbox, scheduler), daemon=True,
                      name="receiver").start()

@@ -1,10 +1,12 @@
 """What both sides read of a model: where the server caches files (models extracted or
-downloaded, converted engines), the label count of a classification config, the patches
+downloaded, converted engines), the label count of a classification config, the special
+tokens its tokenizer names, the patches
 of a two-tower model's images, and the families CTranslate2 converts (the front end's
 `engine = "auto"` picks it for them, its engine refuses others)."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -16,6 +18,14 @@ def cache_dir() -> Path:
 def num_labels(config: dict) -> int:
     """Labels of a transformers classification config (`id2label`, else `num_labels`)."""
     return len(config.get("id2label") or {}) or int(config.get("num_labels", 2))
+
+
+def special_token(folder: Path, key: str) -> str | None:
+    """A special token (`pad_token`, `mask_token`, ...) named in a folder's
+    tokenizer_config.json: a string, or an object holding it."""
+    path = folder / "tokenizer_config.json"
+    value = json.loads(path.read_text()).get(key) if path.is_file() else None
+    return value.get("content") if isinstance(value, dict) else value
 
 
 def image_patches(config: dict) -> int:

@@ -46,7 +46,6 @@ class LoadedModel:
         raw = self.engine.forward(input_ids, attention_mask, token_type_ids, wide=wide)
         return self.head(raw, torch.from_numpy(attention_mask if read_mask is None else read_mask).to(raw.device))
 
-
     @torch.inference_mode()
     def forward_images(self, pixels: np.ndarray) -> np.ndarray:
         """(n, channels, height, width) float32 images -> the head's output (a two-tower
