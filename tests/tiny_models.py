@@ -200,8 +200,9 @@ def save_tiny_multivector(folder: Path, seed: int = 0, *, colbert: bool = False)
     Dense 32 -> 128 without bias -> MultiVectorMask -> Normalize), saved by it; the Dense
     layer starts random, so the saved folder is what is served and compared. With
     `colbert`, what classic ColBERT checkpoints set: [Q] / [D] prompts, a document length,
-    queries expanded to 16 tokens with [MASK] the encoder does not attend to, and a
-    skiplist of document tokens (two common words: the tiny vocabulary has no punctuation)."""
+    queries expanded to 16 tokens with [MASK] the encoder does not attend to, a skiplist
+    of document tokens (two common words: the tiny vocabulary has no punctuation), and
+    meanmaxsim scoring."""
     from sentence_transformers import MultiVectorEncoder
     from sentence_transformers.multi_vector_encoder.modules import MultiVectorMask
 
@@ -215,6 +216,7 @@ def save_tiny_multivector(folder: Path, seed: int = 0, *, colbert: bool = False)
     encoder[0].query_expansion = {"strategy": "fixed", "attend": False, "length": 16}
     mask = next(module for module in encoder if isinstance(module, MultiVectorMask))
     mask.skiplist_words = ["the", "a"]
+    encoder.similarity_fn_name = "meanmaxsim"  # MaxSim over the query's vectors, divided by their count
     encoder.save(str(folder))
     return folder
 
