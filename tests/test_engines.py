@@ -67,15 +67,17 @@ def test_every_engine_family_and_kind_matches_the_torch_engine(tmp_path, monkeyp
         with pytest.raises(ValueError, match=f"is {family}"):
             load_model(specs[engine], 1)
         return
-    # On the CPU a lane per thread, and a wide copy, kept here even if it is not faster.
+    # On the CPU a lane per thread, a wide copy (kept here even if it is not faster) and an
+    # express lane.
     monkeypatch.setattr(f"workers.engines.{engine}_engine.wide_copy_pays", lambda *args: True)
     reference, tested = load_model(specs["torch"], 1), load_model(specs[engine], 2)
     assert (tested.head.dim, tested.head.labels, tested.head.activation) == \
         (reference.head.dim, reference.head.labels, reference.head.activation)
-    assert (tested.engine.lanes, tested.engine.widens) == (2, True)
+    assert (tested.engine.lanes, tested.engine.widens, tested.engine.express) == (2, True, True)
     expected = reference.forward(ids, mask, types)
     np.testing.assert_allclose(tested.forward(ids, mask, types), expected, atol=2e-5)
     np.testing.assert_allclose(tested.forward(ids, mask, types, wide=True), expected, atol=2e-5)
+    np.testing.assert_allclose(tested.forward(ids, mask, types, express=True), expected, atol=2e-5)
 
 
 def _reference_varlen(q, k, v, bounds_q, bounds_k, longest_q, longest_k):
@@ -128,17 +130,17 @@ def test_compile_is_refused_by_other_engines():
 
 
 def test_wide_copy_only_for_small_models_with_several_lanes(tmp_path):
-    from workers.engines.base import WIDE_COPY_MAX_BYTES, wants_wide_copy
+    from workers.engines.base import WIDE_COPY_MAX_BYTES, wants_copy
 
     (tmp_path / "config.json").write_text("{}")
     weights = tmp_path / "model.bin"
     with weights.open("wb") as f:
         f.truncate(WIDE_COPY_MAX_BYTES - 1024)  # sparse: no disk used
-    assert wants_wide_copy(tmp_path, lanes=2)
-    assert not wants_wide_copy(tmp_path, lanes=1)
+    assert wants_copy(tmp_path, lanes=2)
+    assert not wants_copy(tmp_path, lanes=1)
     with weights.open("r+b") as f:
         f.truncate(WIDE_COPY_MAX_BYTES + 1)
-    assert not wants_wide_copy(tmp_path, lanes=2)
+    assert not wants_copy(tmp_path, lanes=2)
 
 
 class _TimedEngine:
@@ -147,7 +149,7 @@ class _TimedEngine:
     def __init__(self, narrow_seconds: float, wide_seconds: float) -> None:
         self.seconds = {False: narrow_seconds, True: wide_seconds}
 
-    def forward(self, input_ids, attention_mask, token_type_ids, wide=False):
+    def forward(self, input_ids, attention_mask, token_type_ids, wide=False, express=False):
         time.sleep(self.seconds[wide])
         return torch.zeros((len(input_ids), 1))
 
@@ -166,12 +168,12 @@ class _DisturbedEngine(_TimedEngine):
         super().__init__(narrow_seconds=0.005, wide_seconds=0.015)
         self.slow_wide_passes = slow_wide_passes
 
-    def forward(self, input_ids, attention_mask, token_type_ids, wide=False):
+    def forward(self, input_ids, attention_mask, token_type_ids, wide=False, express=False):
         if wide:
             self.slow_wide_passes -= 1
             if self.slow_wide_passes < 0:
                 self.seconds[True] = 0.002
-        return super().forward(input_ids, attention_mask, token_type_ids, wide)
+        return super().forward(input_ids, attention_mask, token_type_ids, wide, express)
 
 
 def test_a_wide_copy_measured_while_disturbed_is_measured_again():

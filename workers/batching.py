@@ -24,6 +24,17 @@ the parts take about as long and a lone large request still uses every core. A b
 one input cut while every other lane waits idle runs as a wide pass, on every core, if the
 model's engine can (`widens`); the other lanes take no work until it ends.
 
+An engine may also run one pass beyond its lanes (`express`): the express lane, for a
+small request while every lane of its model runs a pass made long by a long input.
+Without it a request of one or two sentences arriving behind long inputs (one input of
+256 tokens keeps a lane for tens of ms) waits for a lane to end before its own short pass
+starts. The express lane takes one request at a time, and only when the longest input of
+each running pass would alone make a long pass (at least `LONG_PASS_OVERHEADS` fixed
+costs) costing `OVERTAKE_FACTOR` times the request's own pass or more, and when the small
+requests waiting together cost no more than that. A pass long only by holding many short
+inputs, or many small requests waiting, are a stream of small work that the lanes batch
+better than one request at a time; so under loads of short inputs it stays idle.
+
 The scheduler is shared by the thread that receives requests and the lanes; one lock
 guards it.
 """
@@ -46,6 +57,7 @@ class PendingRequest:
     request_id: int
     model: str
     remaining: int
+    cost: float = 0.0  # its inputs as one pass: fixed cost + padded tokens
     cancelled: bool = False
     error: str | None = None  # why it failed; it is reported once none of its inputs runs
     # The outputs of a model whose outputs vary in size, by slot, until all are computed.
@@ -80,6 +92,7 @@ class Batch:
     attention_mask: np.ndarray  # (n, longest) int64
     token_type_ids: np.ndarray  # (n, longest) int64, zero but for the second text of a pair
     wide: bool = False  # run on every core: the other lanes are held idle for it
+    express: bool = False  # run on the express lane, beside the model's lanes
     # (n, longest) int64: the tokens whose states the head reads, where that is not the
     # attention mask (ColBERT's query expansion, skipped tokens); None: it is.
     read_mask: np.ndarray | None = None
@@ -95,7 +108,9 @@ class _ModelQueue:
     padding_weight: float
     lanes: int
     widens: bool
-    running: int = 0  # batches cut and not yet finished
+    express: bool
+    running: int = 0  # batches cut for its lanes and not yet finished
+    running_longest: list[float] = field(default_factory=list)  # theirs, as `_longest_cost`
     # Waiting items sorted by (length, seq); `oldest` finds the fairness anchor.
     by_length: list[tuple[int, int, Item]] = field(default_factory=list)
 
@@ -110,6 +125,11 @@ PASS_OVERHEADS = 16
 # of uniform loads where it is.
 OVERTAKE_FACTOR = 4.0
 
+# The express lane serves a model only while each of its running passes holds an input
+# that alone costs this many times a pass's fixed cost: behind shorter inputs a small
+# request waits little.
+LONG_PASS_OVERHEADS = 8
+
 
 class Scheduler:
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
@@ -119,26 +139,32 @@ class Scheduler:
         self._seq = itertools.count()
         self._lock = threading.Lock()
         self._wakeup = threading.Condition(self._lock)
+        self._express_wakeup = threading.Condition(self._lock)
         self._idle = 0  # lanes waiting in `next_batch`
         self._wide = False  # a wide pass runs: no lane takes work
         self._shares: deque[tuple[str, list[Item]]] = deque()  # parts of a batch cut for idle lanes
 
     def add_model(self, name: str, max_batch_tokens: int, max_batch_size: int, pad_id: int,
                   pass_overhead_tokens: float = 0.0, padding_weight: float = 1.0, lanes: int = 1,
-                  widens: bool = False) -> None:
+                  widens: bool = False, express: bool = False) -> None:
         """`pass_overhead_tokens`: the fixed cost of one forward pass, in tokens' worth of
         compute, and `padding_weight`: what a padding token costs against a token; they
         decide when inputs of different lengths share a padded batch. `lanes`: how many
         of the model's batches may run at once; `widens`: whether its engine can run one
-        pass on every core."""
+        pass on every core; `express`: whether it can run one more beside its lanes."""
         budget = min(max_batch_tokens, max(int(PASS_OVERHEADS * pass_overhead_tokens), 1))
         self._queues[name] = _ModelQueue(budget, max_batch_size, pad_id, pass_overhead_tokens,
-                                         padding_weight, lanes, widens)
+                                         padding_weight, lanes, widens, express)
 
     @property
     def lanes(self) -> int:
         """How many threads should call `next_batch`: the most lanes of any model."""
         return max((queue.lanes for queue in self._queues.values()), default=1)
+
+    @property
+    def express(self) -> bool:
+        """Whether a thread should call `next_express_batch`: a model has an express lane."""
+        return any(queue.express for queue in self._queues.values())
 
     def submit(self, request_id: int, model: str, ids: np.ndarray, lengths: list[int],
                slots: list[int], type_ids: np.ndarray | None = None, attended: np.ndarray | None = None,
@@ -148,15 +174,17 @@ class Scheduler:
         offsets = np.cumsum([0, *lengths])
         arrived = self._clock()
         with self._lock:
-            request = PendingRequest(request_id, model, len(lengths))
-            self._requests[request_id] = request
             queue = self._queues[model]
+            cost = queue.pass_overhead_tokens + len(lengths) * max(lengths)
+            request = PendingRequest(request_id, model, len(lengths), cost)
+            self._requests[request_id] = request
             for i, slot in enumerate(slots):
                 part = slice(offsets[i], offsets[i + 1])
                 item = Item(request, slot, ids[part], None if type_ids is None else type_ids[part], next(self._seq),
                             arrived, None if attended is None else attended[part], None if read is None else read[part])
                 bisect.insort(queue.by_length, (item.length, item.seq, item), key=_sort_key)
             self._wakeup.notify()
+            self._express_wakeup.notify()
 
     def submit_images(self, request_id: int, queue: str, pixels: np.ndarray, patches: list[int],
                       slots: list[int]) -> None:
@@ -196,6 +224,44 @@ class Scheduler:
             model, items, wide = self._take()
         return _pad(model, items, self._queues[model].pad_id, wide)
 
+    def next_express_batch(self) -> Batch:
+        """Block until a small request waits behind long passes on every lane of an
+        express model, then take its inputs (all of them, as one batch)."""
+        with self._lock:
+            while (found := self._express_request()) is None:
+                self._express_wakeup.wait()
+            model, request = found
+            queue = self._queues[model]
+            items = [entry[2] for entry in queue.by_length if entry[2].request is request]
+            queue.by_length = [entry for entry in queue.by_length if entry[2].request is not request]
+        return _pad(model, items, queue.pad_id, express=True)
+
+    def _express_request(self) -> tuple[str, PendingRequest] | None:
+        """(model, request) the express lane should run now, the oldest eligible; lock held."""
+        if self._wide:
+            return None
+        best, best_seq = None, None
+        for name, queue in self._queues.items():
+            if not (queue.express and queue.by_length and queue.running >= queue.lanes):
+                continue
+            shortest = min(queue.running_longest)
+            if shortest < LONG_PASS_OVERHEADS * queue.pass_overhead_tokens:
+                continue
+            most = shortest / OVERTAKE_FACTOR
+            small: dict[PendingRequest, int] = {}  # the small requests waiting, by their first input
+            # Sorted by length, and no request costs less than one of its inputs alone.
+            for length, seq, item in queue.by_length:
+                if queue.pass_overhead_tokens + length > most:
+                    break
+                small[item.request] = min(seq, small.get(item.request, seq))
+            # More small work than that is a stream of small requests: the lanes batch them.
+            if sum(request.cost for request in small) > most:
+                continue
+            for request, seq in small.items():
+                if request.cost <= most and (best_seq is None or seq < best_seq):
+                    best, best_seq = (name, request), seq
+        return best
+
     def _take(self) -> tuple[str, list[Item], bool]:
         """(model, items, wide) of the calling lane's next batch; lock held."""
         while not self._shares and (model := self._model_waiting_longest()) is None:
@@ -208,14 +274,17 @@ class Scheduler:
         items = _cut(queue, self._clock())
         idle = self._idle - len(self._shares)  # lanes waiting and not yet handed a share
         queue.running += 1
+        self._express_wakeup.notify()  # every lane may now be busy with a long pass
         if len(items) == 1 and queue.widens and idle == self.lanes - 1:
             self._wide = True
+            queue.running_longest.append(_longest_cost(queue, items))
             return model, items, True
         parts = 1 + max(0, min(idle, queue.lanes - queue.running, len(items) - 1))
         for i in range(1, parts):
             self._shares.append((model, items[i::parts]))
         self._wakeup.notify(parts - 1)
         queue.running += parts - 1
+        queue.running_longest.extend(_longest_cost(queue, items[i::parts]) for i in range(parts))
         return model, items[::parts], False
 
     def finish(self, batch: Batch, error: str | None = None) -> list[PendingRequest]:
@@ -224,7 +293,10 @@ class Scheduler:
         their `error`."""
         finished = []
         with self._lock:
-            self._queues[batch.model].running -= 1
+            queue = self._queues[batch.model]
+            if not batch.express:
+                queue.running -= 1
+                queue.running_longest.remove(_longest_cost(queue, batch.items))
             if batch.wide:
                 self._wide = False
                 self._wakeup.notify_all()
@@ -263,6 +335,11 @@ class Scheduler:
 
 def _sort_key(entry: tuple[int, int, Item]) -> tuple[int, int]:
     return entry[0], entry[1]
+
+
+def _longest_cost(queue: _ModelQueue, items: list[Item]) -> float:
+    """A pass of the longest of `items` alone: its fixed cost and its tokens."""
+    return queue.pass_overhead_tokens + max(item.length for item in items)
 
 
 def _cut(queue: _ModelQueue, now: float) -> list[Item]:
@@ -340,10 +417,11 @@ def image_queue(model: str) -> str:
     return f"{model}#images"
 
 
-def _pad(model: str, items: list[Item], pad_id: int, wide: bool = False) -> Batch:
+def _pad(model: str, items: list[Item], pad_id: int, wide: bool = False, express: bool = False) -> Batch:
     if items[0].pixels is not None:
         nothing = np.zeros((len(items), 0), dtype=np.int64)
-        return Batch(model, items, nothing, nothing, nothing, wide, pixel_values=np.stack([i.pixels for i in items]))
+        return Batch(model, items, nothing, nothing, nothing, wide, express,
+                     pixel_values=np.stack([i.pixels for i in items]))
     longest = max(item.length for item in items)
     input_ids = np.full((len(items), longest), pad_id, dtype=np.int64)
     attention_mask = np.zeros((len(items), longest), dtype=np.int64)
@@ -358,4 +436,4 @@ def _pad(model: str, items: list[Item], pad_id: int, wide: bool = False) -> Batc
             token_type_ids[row, :item.length] = item.type_ids
         if read_mask is not None:
             read_mask[row, :item.length] = 1 if item.read is None else item.read
-    return Batch(model, items, input_ids, attention_mask, token_type_ids, wide, read_mask)
+    return Batch(model, items, input_ids, attention_mask, token_type_ids, wide, express, read_mask)

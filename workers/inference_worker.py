@@ -71,7 +71,7 @@ def serve(args: protocol.WorkerArgs, context: zmq.Context, inbox: zmq.Socket, to
     for spec in args.models:
         engine = models[spec.name].engine
         scheduler.add_model(spec.name, spec.max_batch_tokens, spec.max_batch_size, engine.pad_id,
-                            *costs[spec.name], engine.lanes, engine.widens)
+                            *costs[spec.name], engine.lanes, engine.widens, engine.express)
         if spec.name in image_costs:
             scheduler.add_model(image_queue(spec.name), spec.max_batch_tokens, spec.max_batch_size, engine.pad_id,
                                 *image_costs[spec.name])
@@ -82,6 +82,9 @@ def serve(args: protocol.WorkerArgs, context: zmq.Context, inbox: zmq.Socket, to
     for lane in range(1, scheduler.lanes):
         threading.Thread(target=_guarded, args=(_serve, by_queue, scheduler, sender), daemon=True,
                          name=f"lane-{lane}").start()
+    if scheduler.express:
+        threading.Thread(target=_guarded, args=(_serve, by_queue, scheduler, sender, scheduler.next_express_batch),
+                         daemon=True, name="express-lane").start()
     infos = [protocol.ModelInfo(spec.name, spec.kind, models[spec.name].head.dim, spec.max_length,
                                 models[spec.name].head.labels, models[spec.name].head.activation,
                                 arenas[spec.name].name, args.arena_slots, models[spec.name].engine.name,
@@ -126,18 +129,20 @@ def _warm_up(model: LoadedModel, max_length: int) -> tuple[float, float]:
     (bench/RESULTS.md, "The engine's ceiling as the engines issue measures it")."""
     engine = model.engine
 
-    def forward(lengths: list[int], wide: bool = False) -> Callable[[], object]:
+    def forward(lengths: list[int], wide: bool = False, express: bool = False) -> Callable[[], object]:
         ids = np.full((len(lengths), max(lengths)), engine.pad_id, dtype=np.int64)
         mask = (np.arange(ids.shape[1]) < np.array(lengths)[:, None]).astype(np.int64)
         ids[mask == 1] = engine.pad_id + 1
         types = np.zeros_like(ids)
-        return lambda: model.forward(ids, mask, types, wide=wide)
+        return lambda: model.forward(ids, mask, types, wide=wide, express=express)
 
     # Every lane once, at the same time: a backend may hold one replica per lane.
     with ThreadPoolExecutor(engine.lanes) as lanes:
         list(lanes.map(lambda _: forward([max_length])(), range(engine.lanes)))
     if engine.widens:
         forward([max_length], wide=True)()
+    if engine.express:
+        forward([max_length], express=True)()
     short, long = min(16, max_length), min(128, max_length)
     small, large, mixed = best_seconds([forward([short]), forward([long] * 4), forward([long] + [short] * MIXED_SHORT)])
     per_token = max((large - small) / (4 * long - short), 1e-9)
@@ -166,10 +171,12 @@ class _Sender:
             self._socket.send(data)
 
 
-def _serve(by_queue: dict[str, tuple[LoadedModel, Arena]], scheduler: Scheduler, sender: _Sender) -> None:
-    """One lane: run batches as they are cut, forever."""
+def _serve(by_queue: dict[str, tuple[LoadedModel, Arena]], scheduler: Scheduler, sender: _Sender,
+           take: Callable[[], Batch] | None = None) -> None:
+    """One lane: run batches as they are cut (`take`: by the scheduler's `next_batch`), forever."""
+    take = take or scheduler.next_batch
     while True:
-        batch = scheduler.next_batch()
+        batch = take()
         _run(batch, *by_queue[batch.model], scheduler, sender)
 
 
@@ -180,7 +187,7 @@ def _run(batch: Batch, model: LoadedModel, arena: Arena, scheduler: Scheduler, s
             vectors = model.forward_images(batch.pixel_values)
         else:
             vectors = model.forward(batch.input_ids, batch.attention_mask, batch.token_type_ids, wide=batch.wide,
-                                    read_mask=batch.read_mask)
+                                    read_mask=batch.read_mask, express=batch.express)
     except Exception as exc:
         log.exception("forward pass failed for a batch of %d", len(batch.items))
         finished = scheduler.finish(batch, error=f"inference failed: {exc}")

@@ -53,6 +53,7 @@ class FakeEngine:
     name = "fake"
     lanes = 1
     widens = False
+    express = False
 
     def __init__(self, spec: ModelSpec, output: RawOutput, dim: int, gate: threading.Event) -> None:
         assert output in (RawOutput.TOKEN_STATES, RawOutput.TOKEN_LOGITS), "the fake engine gives values per token"
@@ -61,7 +62,7 @@ class FakeEngine:
         self._gate = gate
 
     def forward(self, input_ids: np.ndarray, attention_mask: np.ndarray, token_type_ids: np.ndarray,
-                wide: bool = False) -> torch.Tensor:
+                wide: bool = False, express: bool = False) -> torch.Tensor:
         self._gate.wait()
         return torch.from_numpy(token_states(input_ids, self._dim))
 

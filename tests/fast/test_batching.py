@@ -12,12 +12,12 @@ from workers.batching import Scheduler, split_by_cost
 
 
 def _scheduler(max_tokens: int = 1000, max_size: int = 32, overhead: float = 1e6, lanes: int = 100,
-               widens: bool = False) -> Scheduler:
+               widens: bool = False, express: bool = False) -> Scheduler:
     """A scheduler; the default pass overhead is so high that only the budget splits, and
     the lanes so many that batches can be cut without finishing the ones before."""
     scheduler = Scheduler()
     scheduler.add_model("m", max_tokens, max_size, pad_id=0, pass_overhead_tokens=overhead, lanes=lanes,
-                        widens=widens)
+                        widens=widens, express=express)
     return scheduler
 
 
@@ -300,7 +300,7 @@ def test_no_wide_pass_for_an_engine_that_cannot_or_while_another_lane_runs(widen
 class _Engine:
     """Doubles each input's first id; fails on a batch holding the id 13."""
 
-    def forward(self, input_ids, attention_mask, token_type_ids, wide=False):
+    def forward(self, input_ids, attention_mask, token_type_ids, wide=False, express=False):
         if (input_ids == 13).any():
             raise RuntimeError("bad batch")
         return torch.from_numpy(input_ids[:, :1].astype(np.float32) * 2)
@@ -352,9 +352,9 @@ class _CostedEngine:
     """Takes 2 ms + 20 us per token + 5 us per padding token (a padding token costs 0.25
     of a token), pass after pass."""
 
-    pad_id, lanes, widens, name = 0, 1, False, "costed"
+    pad_id, lanes, widens, express, name = 0, 1, False, False, "costed"
 
-    def forward(self, input_ids, attention_mask, token_type_ids, wide=False):
+    def forward(self, input_ids, attention_mask, token_type_ids, wide=False, express=False):
         tokens = int(attention_mask.sum())
         time.sleep(2e-3 + 20e-6 * tokens + 5e-6 * (attention_mask.size - tokens))
         return torch.zeros((len(input_ids), 1))
@@ -372,7 +372,7 @@ class _MidSizePaddingEngine(_CostedEngine):
     """Like CTranslate2 float32: padding costs 0.1 of a token in batches of up to 8 rows,
     0.5 in larger ones."""
 
-    def forward(self, input_ids, attention_mask, token_type_ids, wide=False):
+    def forward(self, input_ids, attention_mask, token_type_ids, wide=False, express=False):
         tokens = int(attention_mask.sum())
         padding_weight = 0.1 if len(input_ids) <= 8 else 0.5
         time.sleep(2e-3 + 20e-6 * (tokens + padding_weight * (attention_mask.size - tokens)))
@@ -384,3 +384,84 @@ def test_warm_up_prices_padding_as_a_mid_size_batch_pays_it():
 
     _, weight = _warm_up(_model(_MidSizePaddingEngine()), max_length=256)
     assert weight == pytest.approx(0.5, abs=0.1)
+
+
+def _express_in_thread(scheduler: Scheduler) -> tuple[threading.Thread, list]:
+    got = []
+    thread = threading.Thread(target=lambda: got.append(scheduler.next_express_batch()), daemon=True)
+    thread.start()
+    return thread, got
+
+
+def _busy_lanes(scheduler: Scheduler, passes: list[int | list[int]]) -> list:
+    """One pass per entry (an input's length, or a request's), each on its own lane, cut
+    one after another."""
+    running = []
+    for request_id, lengths in enumerate(passes, start=100):
+        _submit(scheduler, request_id, lengths if isinstance(lengths, list) else [lengths])
+        running.append(scheduler.next_batch())
+    return running
+
+
+def test_the_express_lane_takes_a_small_request_whole_while_every_lane_runs_a_long_pass():
+    # Fixed cost 10 tokens: a pass of one 100-token input is long (8 x 10 or more) and a
+    # request of two 8-token inputs (10 + 2 x 8 = 26) costs under a quarter of it.
+    scheduler = _scheduler(overhead=10, lanes=2, express=True)
+    thread, got = _express_in_thread(scheduler)
+    _busy_lanes(scheduler, [100, 100])
+    _submit(scheduler, 1, [8, 7])
+    thread.join(5)
+    (batch,) = got
+    assert batch.express and [item.request.request_id for item in batch.items] == [1, 1]
+    assert sorted(batch.attention_mask.sum(axis=1).tolist()) == [7, 8]
+    assert [request.request_id for request in scheduler.finish(batch)] == [1]
+
+
+@pytest.mark.parametrize("running, lengths", [
+    ([100], [8, 7]),  # a lane is free: the request is the lanes' to take
+    ([100, 60], [8, 7]),  # one pass is short (10 + 60 < 8 x 10)
+    ([100, [30] * 10], [8, 7]),  # one is long by its many short inputs only
+    ([100, 100], [30]),  # the request (10 + 30) costs over a quarter of a pass (110)
+    ([100, 100], [5] * 6),  # six inputs: 10 + 6 x 5 = 40, over a quarter
+])
+def test_the_express_lane_leaves_what_a_lane_should_take(running, lengths):
+    scheduler = _scheduler(overhead=10, lanes=2, express=True)
+    thread, got = _express_in_thread(scheduler)
+    _busy_lanes(scheduler, running)
+    _submit(scheduler, 1, lengths)
+    thread.join(0.3)
+    assert thread.is_alive() and not got
+
+
+def test_the_express_lane_leaves_a_stream_of_small_requests_to_the_lanes():
+    scheduler = _scheduler(overhead=10, lanes=2, express=True)
+    _busy_lanes(scheduler, [100, 100])
+    _submit(scheduler, 1, [8])
+    _submit(scheduler, 2, [9])  # 18 + 19 together: over a quarter of a pass (110)
+    thread, got = _express_in_thread(scheduler)
+    thread.join(0.3)
+    assert thread.is_alive() and not got
+
+
+def test_a_model_without_an_express_lane_never_gives_it_work():
+    scheduler = _scheduler(overhead=10, lanes=2)
+    scheduler.add_model("fast", 1000, 32, pad_id=0, pass_overhead_tokens=10, lanes=1, express=True)
+    assert scheduler.express
+    thread, got = _express_in_thread(scheduler)
+    _busy_lanes(scheduler, [100, 100])
+    _submit(scheduler, 1, [8])
+    thread.join(0.3)
+    assert thread.is_alive() and not got
+
+
+def test_an_express_pass_ending_frees_no_lane_and_a_lane_ending_frees_one():
+    scheduler = _scheduler(overhead=10, lanes=1, express=True)
+    (long,) = _busy_lanes(scheduler, [100])
+    _submit(scheduler, 1, [8])
+    express = scheduler.next_express_batch()
+    scheduler.finish(express)
+    _submit(scheduler, 2, [50])
+    (thread,), got = _wait_in_threads(scheduler, 1)  # the one lane still runs the long pass
+    scheduler.finish(long)
+    thread.join(5)
+    assert [item.request.request_id for item in got[0].items] == [2]

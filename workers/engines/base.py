@@ -63,13 +63,18 @@ class Engine(Protocol):
     # a lone input while the other lanes are idle, kept only where that pass measured
     # faster at start (`wide_copy_pays`).
     widens: bool
+    # Whether it can run one more pass beside its lanes, on one thread, for a small
+    # request while every lane runs a long pass (the express lane, workers/batching.py),
+    # without slowing its lanes when idle.
+    express: bool
 
     def __init__(self, spec: ModelSpec, threads: int, output: RawOutput) -> None: ...
 
     def forward(self, input_ids: np.ndarray, attention_mask: np.ndarray,
-                token_type_ids: np.ndarray, wide: bool = False) -> torch.Tensor:
+                token_type_ids: np.ndarray, wide: bool = False, express: bool = False) -> torch.Tensor:
         """(n, longest) int64 ids, mask and token segments -> the engine's `RawOutput`;
-        `wide`: on every thread (only asked of an engine that `widens`)."""
+        `wide`: on every thread (only asked of an engine that `widens`); `express`: on the
+        express lane (only asked of an engine with one)."""
         ...
 
 
@@ -82,8 +87,8 @@ def pad_id(spec: ModelSpec) -> int:
     return int(model_config(spec).get("pad_token_id") or 0)
 
 
-# A wide pass needs a second copy of the weights, set to use every thread; it is made for
-# models up to this size only, and kept only if it takes at most this share of a one-lane
+# A wide pass needs a second copy of the weights, set to use every thread (and CTranslate2's
+# express lane one more, on one thread); they are made for models up to this size only, and kept only if it takes at most this share of a one-lane
 # pass: some engines' wide passes pay, some are borderline, some lose (bench/RESULTS.md,
 # "Figures behind the code's choices").
 WIDE_COPY_MAX_BYTES = 512 * 2**20
@@ -92,8 +97,9 @@ WIDE_COPY_TRIES = 3
 WIDE_COPY_PAUSE = 0.3  # seconds between tries
 
 
-def wants_wide_copy(folder: Path, lanes: int) -> bool:
-    """Whether an engine with `lanes` lanes should load a wide copy of the model in `folder`."""
+def wants_copy(folder: Path, lanes: int) -> bool:
+    """Whether an engine with `lanes` lanes should load a second copy of the model in
+    `folder` (for wide passes, or the express lane)."""
     size = sum(path.stat().st_size for path in folder.rglob("*") if path.is_file())
     return lanes > 1 and size <= WIDE_COPY_MAX_BYTES
 

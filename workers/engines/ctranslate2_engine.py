@@ -20,7 +20,7 @@ from infinity.shared import devices
 from infinity.shared.folders import CTRANSLATE2_FAMILIES
 from infinity.shared.protocol import ModelSpec
 from workers.engines.artifacts import cached_build
-from workers.engines.base import RawOutput, pad_id, wants_wide_copy, wide_copy_pays
+from workers.engines.base import RawOutput, pad_id, wants_copy, wide_copy_pays
 
 log = logging.getLogger(__name__)
 
@@ -96,8 +96,14 @@ class CTranslate2Engine:
                                             compute_type=COMPUTE_TYPES[spec.dtype],
                                             intra_threads=1 if device == "cpu" else threads,
                                             inter_threads=self.lanes)
+        copies = wants_copy(folder, self.lanes)
         self._wide = ctranslate2.Encoder(str(folder), device=device, compute_type=COMPUTE_TYPES[spec.dtype],
-                                         intra_threads=threads) if wants_wide_copy(folder, self.lanes) else None
+                                         intra_threads=threads) if copies else None
+        # The express lane's own copy: one more replica of `_encoder` instead would take
+        # turns with the lanes' two, and cost them (bench/RESULTS.md, "The express lane").
+        self._express = ctranslate2.Encoder(str(folder), device=device, compute_type=COMPUTE_TYPES[spec.dtype],
+                                            intra_threads=1) if copies else None
+        self.express = self._express is not None
         self.pad_id = pad_id(spec)
         if self._wide is not None and not wide_copy_pays(self, spec.max_length):
             self._wide = None
@@ -105,13 +111,13 @@ class CTranslate2Engine:
 
     @torch.inference_mode()
     def forward(self, input_ids: np.ndarray, attention_mask: np.ndarray,
-                token_type_ids: np.ndarray, wide: bool = False) -> torch.Tensor:
+                token_type_ids: np.ndarray, wide: bool = False, express: bool = False) -> torch.Tensor:
         import ctranslate2
 
         lengths = attention_mask.sum(axis=1).astype(np.int32)
         # Segment ids matter for the second text of a pair; plain texts are all segment 0.
         types = token_type_ids.tolist() if token_type_ids.any() else None
-        encoder = self._wide if wide and self._wide is not None else self._encoder
+        encoder = self._wide if wide and self._wide is not None else self._express if express else self._encoder
         output = encoder.forward_batch(ctranslate2.StorageView.from_array(input_ids.astype(np.int32)),
                                              ctranslate2.StorageView.from_array(lengths), types)
         if self._head is not None:

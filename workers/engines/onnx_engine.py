@@ -25,7 +25,7 @@ from infinity.shared import devices
 from infinity.shared.folders import cache_dir
 from infinity.shared.protocol import ModelSpec
 from workers.engines.artifacts import cached_build
-from workers.engines.base import RawOutput, auto_class, model_output, pad_id, wants_wide_copy, wide_copy_pays
+from workers.engines.base import RawOutput, auto_class, model_output, pad_id, wants_copy, wide_copy_pays
 
 log = logging.getLogger(__name__)
 
@@ -188,8 +188,9 @@ class OnnxEngine:
         # On the CPU, single-threaded runs of the session at once, a lane each: more
         # sentences/s than one run on every thread.
         self.lanes = threads if on_cpu else 1
+        self.express = self.lanes > 1  # one more single-threaded run of the same session
         self._session = _session(folder, spec.device, 1 if on_cpu else threads)
-        self._wide = _session(folder, spec.device, threads) if wants_wide_copy(folder, self.lanes) else None
+        self._wide = _session(folder, spec.device, threads) if wants_copy(folder, self.lanes) else None
         self._inputs = [i.name for i in self._session.get_inputs()]
         self.pad_id = pad_id(spec)
         if self._wide is not None and not wide_copy_pays(self, spec.max_length):
@@ -198,7 +199,7 @@ class OnnxEngine:
 
     @torch.inference_mode()
     def forward(self, input_ids: np.ndarray, attention_mask: np.ndarray,
-                token_type_ids: np.ndarray, wide: bool = False) -> torch.Tensor:
+                token_type_ids: np.ndarray, wide: bool = False, express: bool = False) -> torch.Tensor:
         given = {"input_ids": input_ids, "attention_mask": attention_mask, "token_type_ids": token_type_ids}
         session = self._wide if wide and self._wide is not None else self._session
         (output,) = session.run(None, {name: given[name] for name in self._inputs})

@@ -30,6 +30,7 @@ class TorchEngine:
     name = "torch"
     lanes = 1  # one pass at a time, on all its threads
     widens = False  # every pass is wide
+    express = False  # a second pass at once would share the threads of the first
 
     def __init__(self, spec: ModelSpec, threads: int, output: RawOutput) -> None:
         from transformers.utils import logging as transformers_logging
@@ -57,7 +58,7 @@ class TorchEngine:
 
     @torch.inference_mode()
     def forward(self, input_ids: np.ndarray, attention_mask: np.ndarray,
-                token_type_ids: np.ndarray, wide: bool = False) -> torch.Tensor:
+                token_type_ids: np.ndarray, wide: bool = False, express: bool = False) -> torch.Tensor:
         ids, mask, types = (torch.from_numpy(a).to(self._device) for a in (input_ids, attention_mask, token_type_ids))
         if self._packed is None:
             return self._padded(ids, mask, types)

@@ -40,10 +40,12 @@ class LoadedModel:
 
     @torch.inference_mode()
     def forward(self, input_ids: np.ndarray, attention_mask: np.ndarray, token_type_ids: np.ndarray,
-                wide: bool = False, read_mask: np.ndarray | None = None) -> np.ndarray | list[np.ndarray]:
+                wide: bool = False, read_mask: np.ndarray | None = None,
+                express: bool = False) -> np.ndarray | list[np.ndarray]:
         """(n, longest) int64 ids, mask and token segments -> the head's output;
-        `read_mask`: the tokens whose states the head reads, if not the attended ones."""
-        raw = self.engine.forward(input_ids, attention_mask, token_type_ids, wide=wide)
+        `read_mask`: the tokens whose states the head reads, if not the attended ones;
+        `wide`, `express`: the engine's pass to run it on."""
+        raw = self.engine.forward(input_ids, attention_mask, token_type_ids, wide=wide, express=express)
         return self.head(raw, torch.from_numpy(attention_mask if read_mask is None else read_mask).to(raw.device))
 
     @torch.inference_mode()
