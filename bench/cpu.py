@@ -56,6 +56,29 @@ def sample(pgid: int | None = None) -> CpuSample:
     return CpuSample(total, idle, ours)
 
 
+def ticks_by_name(pgid: int) -> dict[str, int]:
+    """Ticks of each process of group ``pgid``, summed by command name (our children name
+    themselves: ``tokenizer-0``, ``inference-cpu``)."""
+    ticks: dict[str, int] = {}
+    for entry in _PROC.iterdir():
+        if entry.name.isdigit():
+            try:
+                name = (entry / "comm").read_text().strip()
+            except OSError:
+                continue
+            used = _process_ticks(entry / "stat", pgid)
+            if used:
+                ticks[name] = ticks.get(name, 0) + used
+    return ticks
+
+
+def shares_by_name(before: dict[str, int], after: dict[str, int]) -> dict[str, float]:
+    """Each name's share (0..1) of the ticks the group used between two `ticks_by_name`."""
+    used = {name: after[name] - before.get(name, 0) for name in after}
+    total = sum(used.values())
+    return {name: round(ticks / total, 3) for name, ticks in sorted(used.items())} if total > 0 else {}
+
+
 def other_share(before: CpuSample, after: CpuSample) -> float:
     """Fraction of the machine's CPU time (0..1) used by processes we did not measure."""
     elapsed = after.total - before.total

@@ -15,7 +15,7 @@ runs the processor and `get_image_features` / `get_text_features` in batches of 
 threads). Each server gets closed-loop loads of ITEMSxCONCURRENCY.
 
 Usage:
-    .venv/bin/python -m bench.images [--peer]
+    .venv/bin/python -m bench.images [--peer] [--engines auto,torch]
 """
 
 from __future__ import annotations
@@ -150,13 +150,14 @@ def load(args: argparse.Namespace, url: str, route: str, modality: str, items: i
             body["modality"] = "image"
         return body, check
 
-    before = cpu.sample(pgid)
+    before, by_process = cpu.sample(pgid), cpu.ticks_by_name(pgid)
     window = asyncio.run(closed_loop(url, route, next_request, concurrency=concurrency, duration=args.duration,
                                      warmup=args.warmup, timeout=300.0))
     return {"modality": modality, "items": items, "concurrency": concurrency,
             "per_s": window.good * items / args.duration, "p50_ms": window.percentile(50),
             "errors": window.errors, "first_error": window.first_error, "others_before": others_before,
-            "others_during": cpu.other_share(before, cpu.sample(pgid))}
+            "others_during": cpu.other_share(before, cpu.sample(pgid)),
+            "server_cpu_by_process": cpu.shares_by_name(by_process, cpu.ticks_by_name(pgid))}
 
 
 def bench_loads(args: argparse.Namespace, name: str, url: str, image_route: str, pgid: int,
@@ -174,6 +175,7 @@ def bench_loads(args: argparse.Namespace, name: str, url: str, image_route: str,
                   f"in-process loop), p50 {row['p50_ms']:.0f} ms, errors {row['errors']}"
                   + (f" ({row['first_error']})" if row["first_error"] else "")
                   + f", others' CPU {row['others_during']:.0%}", flush=True)
+            print(f"    the server's CPU time by process: {row['server_cpu_by_process']}", flush=True)
     return rows
 
 
@@ -211,6 +213,8 @@ def _parse_args() -> argparse.Namespace:
     parser.add_argument("--image-loads", default="1x1,8x8", help="IMAGESxCONCURRENCY list")
     parser.add_argument("--text-loads", default="1x1,32x8", help="TEXTSxCONCURRENCY list")
     parser.add_argument("--peer", action="store_true", help="also infinity-emb 0.0.78 (bench/setup_infinity.sh)")
+    parser.add_argument("--engines", default="auto", help="our engines to serve the model on, one server each "
+                                                         "(comma-separated ENGINE[:DTYPE]: auto, onnx:int8, torch)")
     add_measurement_args(parser, warmup=5.0, health_timeout=600.0)
     parser.add_argument("--ceiling", action="store_true", help=argparse.SUPPRESS)
     return parser.parse_args()
@@ -227,9 +231,15 @@ def main() -> int:
                                 "--ceiling-duration", str(args.ceiling_duration)])
     print(f"  in-process loop: {ceil['images_per_s']:.1f} images/s, {ceil['texts_per_s']:.1f} texts/s, "
           f"others' CPU {ceil['others_during']:.0%}", flush=True)
-    ours = ConfiguredServer.prepare(f'[[models]]\nname = "{MODEL_NAME}"\nsource = "{MODEL_DIR}"\n', "images", stamp)
-    with ours.running(args.health_timeout) as server:
-        rows = bench_loads(args, "ours", ours.url, "/embeddings", server.pid, ceil)
+    rows = []
+    for choice in args.engines.split(","):
+        engine, _, dtype = choice.partition(":")
+        label = choice.replace(":", "-")
+        name = "ours" if choice == "auto" else f"ours-{label}"
+        ours = ConfiguredServer.prepare(f'[[models]]\nname = "{MODEL_NAME}"\nsource = "{MODEL_DIR}"\n'
+                                        f'engine = "{engine}"\ndtype = "{dtype or "auto"}"\n', f"images-{label}", stamp)
+        with ours.running(args.health_timeout) as server:
+            rows += bench_loads(args, name, ours.url, "/embeddings", server.pid, ceil)
     if args.peer:
         rows += bench_peer(args, ceil, stamp)
     (OUT_DIR / f"{stamp}-images.json").write_text(json.dumps({"date": stamp, "args": vars(args), "ceiling": ceil,

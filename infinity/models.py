@@ -113,16 +113,16 @@ def _dtype(model: ModelConfig) -> str:
 
 def _engine(model: ModelConfig, kind: str, transformer_dir: Path, tasks: dict[str, TaskEncoding]) -> str:
     """`engine = "auto"`: on CPUs at float32 or int8, CTranslate2 for the families it
-    converts, else ONNX Runtime (any encoder torch exports), each only if its extra is
-    installed; torch for everything else (GPUs, other dtypes, `compile`): the order in
-    which they served the default model on CPUs at every load (bench/RESULTS.md,
-    "Engines"). If the chosen engine cannot load the model, the inference process falls
-    back to torch."""
+    converts, else ONNX Runtime (any encoder torch exports, and both towers of a two-tower
+    model), each only if its extra is installed; torch for everything else (GPUs, other
+    dtypes, `compile`): the order in which they served the default model on CPUs at every
+    load (bench/RESULTS.md, "Engines"; for two towers, "ONNX towers"). If the chosen
+    engine cannot load the model, the inference process falls back to torch."""
     # CTranslate2 converts encoders and classification heads, not masked-language-model
-    # heads, and computes attended tokens only (not ColBERT's unattended expansion tokens).
-    if kind == "image_text" and model.engine in ("auto", "torch"):
-        return "torch"  # the one engine that runs both towers
+    # heads or vision towers, and computes attended tokens only (not ColBERT's unattended
+    # expansion tokens).
     ctranslate2_lacks = ("the masked-language-model head a sparse model needs" if kind == "sparse"
+                         else "a two-tower model's vision tower" if kind == "image_text"
                          else "the query expansion tokens this model reads without attending to them"
                          if any(task.adds_unattended_tokens for task in tasks.values()) else None)
     if model.engine == "ctranslate2" and ctranslate2_lacks:

@@ -3,7 +3,8 @@ test time and served, against transformers' `get_text_features` on the same fold
 (and sentence-transformers for CLIP): L2-normalised vectors, SigLIP's texts padded to
 its full length whatever the batch, padding not billed; a CLIP whose tokenizer never
 emits the token it pools at is refused at start; inputs of another modality are refused
-rather than embedded as text."""
+rather than embedded as text. Each model is served twice: on the engine `auto` picks
+(ONNX Runtime here, both towers exported) and on torch."""
 
 from __future__ import annotations
 
@@ -18,7 +19,10 @@ from tests.tiny_models import save_tiny_clip, save_tiny_siglip, scoring_text
 
 pytestmark = pytest.mark.timeout(300)
 
-CLIP, SIGLIP = "tiny-clip", "tiny-siglip"
+CLIP, SIGLIP = "tiny-clip", "tiny-siglip"  # engine "auto": ONNX Runtime
+CLIP_TORCH, SIGLIP_TORCH = "tiny-clip-torch", "tiny-siglip-torch"
+CLIP_INT8 = "tiny-clip-int8"  # ONNX Runtime, both towers' weights quantised
+ALL_MODELS = [CLIP, SIGLIP, CLIP_TORCH, SIGLIP_TORCH]
 
 
 @pytest.fixture(scope="module")
@@ -32,6 +36,9 @@ def server(folders, tmp_path_factory):
     from tests.conftest import start_server_process
 
     config = "".join(f'[[models]]\nname = "{name}"\nsource = "{folder}"\n' for name, folder in folders.items())
+    config += "".join(f'[[models]]\nname = "{name}-torch"\nsource = "{folder}"\nengine = "torch"\n'
+                      for name, folder in folders.items())
+    config += f'[[models]]\nname = "{CLIP_INT8}"\nsource = "{folders[CLIP]}"\nengine = "onnx"\ndtype = "int8"\n'
     config += "[media]\nallow_private_networks = true\n"  # the tests' image server is on loopback
     proc = start_server_process(config=config, log_dir=tmp_path_factory.mktemp("image-text-server"))
     try:
@@ -68,14 +75,19 @@ def _embed(server, model: str, texts: list[str]) -> np.ndarray:
 def test_the_models_are_served_as_image_text(server):
     cards = {card["id"]: card for card in server.get("/v1/models").json()["data"]}
     assert {name: (card["kind"], card["dimensions"], card["backend"], card["capabilities"])
-            for name, card in cards.items()} == {CLIP: ("image_text", 16, "torch", ["embed", "image_embed"]),
-                                                 SIGLIP: ("image_text", 32, "torch", ["embed", "image_embed"])}
+            for name, card in cards.items()} == {
+        CLIP: ("image_text", 16, "onnx", ["embed", "image_embed"]),
+        SIGLIP: ("image_text", 32, "onnx", ["embed", "image_embed"]),
+        CLIP_TORCH: ("image_text", 16, "torch", ["embed", "image_embed"]),
+        SIGLIP_TORCH: ("image_text", 32, "torch", ["embed", "image_embed"]),
+        CLIP_INT8: ("image_text", 16, "onnx", ["embed", "image_embed"])}
 
 
-@pytest.mark.parametrize("model", [CLIP, SIGLIP])
+@pytest.mark.parametrize("model", ALL_MODELS)
 def test_text_vectors_are_the_text_towers_normalised(server, folders, model):
     texts = _texts(1, 9)
-    np.testing.assert_allclose(_embed(server, model, texts), reference(folders[model], texts), atol=1e-5)
+    folder = folders[model.removesuffix("-torch")]
+    np.testing.assert_allclose(_embed(server, model, texts), reference(folder, texts), atol=1e-5)
 
 
 def test_clip_text_matches_sentence_transformers_by_cosine(server, folders):
@@ -87,7 +99,7 @@ def test_clip_text_matches_sentence_transformers_by_cosine(server, folders):
     assert (np.sum(_embed(server, CLIP, texts) * expected, axis=1) >= 0.99999).all()
 
 
-@pytest.mark.parametrize("model", [CLIP, SIGLIP])
+@pytest.mark.parametrize("model", ALL_MODELS)
 def test_a_text_alone_and_inside_a_batch_of_other_lengths_agree(server, model):
     texts = _texts(3, 7)
     batch = _embed(server, model, texts)
@@ -185,22 +197,23 @@ def _bomb() -> bytes:
     return buffer.getvalue()
 
 
-@pytest.mark.parametrize("model", [CLIP, SIGLIP])
+@pytest.mark.parametrize("model", ALL_MODELS)
 def test_image_vectors_are_the_vision_towers_normalised(server, folders, model):
     uris = [_data_uri(data, mime) for data, mime in zip(IMAGES, MIMES)]
     answer = server.post("/v1/embeddings", json={"model": model, "input": uris, "modality": "image"})
     assert answer.status_code == 200, answer.text
     served = np.array([item["embedding"] for item in answer.json()["data"]], dtype=np.float32)
-    np.testing.assert_allclose(served, image_reference(folders[model], IMAGES), atol=1e-5)
+    np.testing.assert_allclose(served, image_reference(folders[model.removesuffix("-torch")], IMAGES), atol=1e-5)
     patches = (32 // 8) ** 2
     assert answer.json()["usage"]["prompt_tokens"] == patches * len(IMAGES)
 
 
-def test_an_image_alone_and_inside_a_batch_agree(server):
+@pytest.mark.parametrize("model", [CLIP, CLIP_TORCH])
+def test_an_image_alone_and_inside_a_batch_agree(server, model):
     uris = [_data_uri(data, mime) for data, mime in zip(IMAGES, MIMES)]
-    batch = server.post("/v1/embeddings", json={"model": CLIP, "input": uris, "modality": "image"}).json()["data"]
+    batch = server.post("/v1/embeddings", json={"model": model, "input": uris, "modality": "image"}).json()["data"]
     for uri, item in zip(uris, batch):
-        (alone,) = server.post("/v1/embeddings", json={"model": CLIP, "input": uri, "modality": "image"}).json()["data"]
+        (alone,) = server.post("/v1/embeddings", json={"model": model, "input": uri, "modality": "image"}).json()["data"]
         np.testing.assert_allclose(alone["embedding"], item["embedding"], atol=1e-5)
 
 
@@ -346,5 +359,17 @@ def test_a_large_image_is_read_whole_on_every_route(server, folders):
 def test_the_api_document_lists_the_image_text_models(server):
     document = server.get("/openapi.json").json()
     model = document["components"]["schemas"]["EmbeddingRequest"]["properties"]["model"]
-    assert set(model["anyOf"][0]["enum"]) == {CLIP, SIGLIP}
+    assert set(model["anyOf"][0]["enum"]) == {*ALL_MODELS, CLIP_INT8}
     assert "/embeddings_image" in document["paths"]
+
+
+def test_int8_towers_stay_close_to_float32(server, folders):
+    texts = _texts(4, 16)
+    uris = [_data_uri(data, mime) for data, mime in zip(IMAGES, MIMES)]
+    images = server.post("/v1/embeddings", json={"model": CLIP_INT8, "input": uris, "modality": "image"})
+    assert images.status_code == 200, images.text
+    for served, expected in ((_embed(server, CLIP_INT8, texts), reference(folders[CLIP], texts)),
+                             ([item["embedding"] for item in images.json()["data"]],
+                              image_reference(folders[CLIP], IMAGES))):
+        cosines = np.sum(np.array(served) * expected, axis=1)  # both normalised
+        assert cosines.min() >= 0.97 and cosines.mean() >= 0.99

@@ -97,10 +97,11 @@ WIDE_COPY_TRIES = 3
 WIDE_COPY_PAUSE = 0.3  # seconds between tries
 
 
-def wants_copy(folder: Path, lanes: int) -> bool:
+def wants_copy(model: Path, lanes: int) -> bool:
     """Whether an engine with `lanes` lanes should load a second copy of the model in
-    `folder` (for wide passes, or the express lane)."""
-    size = sum(path.stat().st_size for path in folder.rglob("*") if path.is_file())
+    `model` (a folder, or one file of it) for wide passes or the express lane."""
+    files = [model] if model.is_file() else [path for path in model.rglob("*") if path.is_file()]
+    size = sum(path.stat().st_size for path in files)
     return lanes > 1 and size <= WIDE_COPY_MAX_BYTES
 
 

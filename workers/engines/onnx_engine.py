@@ -1,11 +1,13 @@
-"""ONNX Runtime engine for embedders, rerankers, classifiers and sparse (masked-language-
-model) encoders.
+"""ONNX Runtime engine for embedders, rerankers, classifiers, sparse (masked-language-
+model) encoders and two-tower (image-text) models.
 
 On first use the transformers model is exported with torch's ONNX exporter (`torch.export`
 based, dynamic batch and sequence axes; no optimum needed), its transformer blocks fused
 by onnxruntime's transformer optimiser, optionally quantised, and cached (see
-`artifacts`); later starts load the cached graph. Sessions run with every graph
-optimisation on, on the CPU, or on CUDA / TensorRT when onnxruntime has those providers.
+`artifacts`); later starts load the cached graph. A two-tower model is exported as two
+graphs, its text tower and its vision tower (`VISION_GRAPH`), each giving its projected
+pooled output. Sessions run with every graph optimisation on, on the CPU, or on CUDA /
+TensorRT when onnxruntime has those providers.
 
 dtypes: float32 anywhere; int8 (dynamic quantisation of the weights, for the CPU);
 float16 (for CUDA: the graph in half precision, inputs and outputs kept as they are).
@@ -31,6 +33,7 @@ log = logging.getLogger(__name__)
 
 DTYPES = ("float32", "float16", "int8")
 GRAPH = "model.onnx"
+VISION_GRAPH = "vision.onnx"  # a two-tower model's vision tower, beside its text tower in GRAPH
 # Above this many bytes of weights, ONNX's 2 GB protobuf limit needs the weights beside the graph.
 _EXTERNAL_DATA_BYTES = 1 << 30
 
@@ -60,6 +63,17 @@ def exported_model(spec: ModelSpec, output: RawOutput) -> tuple[Path, bool]:
     }, export)
 
 
+class _Vision(torch.nn.Module):
+    """A two-tower model's vision tower: pixel values -> its projected pooled output."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        return self.model.get_image_features(pixel_values=pixel_values).pooler_output
+
+
 class _Forward(torch.nn.Module):
     """The transformers module with plain tensor inputs and one output: token states, or a
     head's logits."""
@@ -86,7 +100,7 @@ def _export(spec: ModelSpec, output: RawOutput, path: Path) -> None:
     names = ["input_ids", "attention_mask"] + (["token_type_ids"] if _takes_token_types(model) else [])
     # A padded sample with batch and length above 1, so neither axis is specialised and the
     # mask is traced as data, not as a constant.
-    ids = torch.full((2, 8), int(model.config.pad_token_id or 0) + 1, dtype=torch.int64)
+    ids = torch.full((2, 8), pad_id(spec) + 1, dtype=torch.int64)
     mask = torch.ones_like(ids)
     mask[1, 5:] = 0
     sample = (ids, mask, torch.zeros_like(ids))[:len(names)]
@@ -97,7 +111,18 @@ def _export(spec: ModelSpec, output: RawOutput, path: Path) -> None:
         torch.onnx.export(_Forward(model, output), sample, str(exported), input_names=names,
                           output_names=["output"], dynamic_shapes={n: {0: batch, 1: length} for n in names},
                           dynamo=True, external_data=_large(model), verbose=False)
-    _optimise(spec, model.config, exported, path, _large(model))
+    two_towers = output is RawOutput.TEXT_FEATURES
+    _optimise(spec, model.config, exported, path, _large(model), fuse=not two_towers)
+    if two_towers:
+        vision = model.config.vision_config
+        side = int(vision.image_size)
+        pixels = torch.zeros((2, int(getattr(vision, "num_channels", 3)), side, side))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            torch.onnx.export(_Vision(model), (pixels,), str(exported), input_names=["pixel_values"],
+                              output_names=["output"], dynamic_shapes={"pixel_values": {0: batch}},
+                              dynamo=True, external_data=_large(model), verbose=False)
+        _optimise(spec, vision, exported, path.with_name(VISION_GRAPH), _large(model), fuse=False)
     for leftover in path.parent.iterdir():
         if leftover.name.startswith("exported."):
             leftover.unlink()
@@ -107,14 +132,19 @@ def _large(model: torch.nn.Module) -> bool:
     return sum(p.numel() * p.element_size() for p in model.parameters()) > _EXTERNAL_DATA_BYTES
 
 
-def _optimise(spec: ModelSpec, config: object, exported: Path, path: Path, external: bool) -> None:
-    """Fuse layer norms and GELUs with onnxruntime's transformer optimiser, then convert to
-    the requested dtype."""
+def _optimise(spec: ModelSpec, config: object, exported: Path, path: Path, external: bool, fuse: bool = True) -> None:
+    """Fuse layer norms and GELUs with onnxruntime's transformer optimiser (`fuse`), then
+    convert to the requested dtype. Two-tower models are not fused: the BERT fusions
+    moved SigLIP's vectors by 1e-4 and made CLIP's towers no faster (bench/RESULTS.md,
+    "ONNX towers")."""
+    import onnx
     from onnxruntime.transformers import optimizer
+    from onnxruntime.transformers.onnx_model import OnnxModel
 
     graph = optimizer.optimize_model(str(exported), model_type="bert", opt_level=0,
                                      num_heads=int(getattr(config, "num_attention_heads", 0) or 0),
-                                     hidden_size=int(getattr(config, "hidden_size", 0) or 0))
+                                     hidden_size=int(getattr(config, "hidden_size", 0) or 0)) if fuse else \
+        OnnxModel(onnx.load(str(exported)))
     if spec.dtype == "float16":
         graph.convert_float_to_float16(keep_io_types=True)
     if spec.dtype != "int8":
@@ -157,8 +187,8 @@ def providers(device: str) -> list:
     return [*chosen, "CPUExecutionProvider"]
 
 
-def _session(folder: Path, device: str, threads: int) -> object:
-    """An onnxruntime session of the graph in `folder`, on `threads` threads."""
+def _session(graph: Path, device: str, threads: int) -> object:
+    """An onnxruntime session of `graph`, on `threads` threads."""
     import onnxruntime
 
     options = onnxruntime.SessionOptions()
@@ -169,16 +199,13 @@ def _session(folder: Path, device: str, threads: int) -> object:
     # Idle threads must not spin: on a small machine they would take the cores the front
     # end and tokenizers need.
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    return onnxruntime.InferenceSession(str(folder / GRAPH), options, providers=providers(device))
+    return onnxruntime.InferenceSession(str(graph), options, providers=providers(device))
 
 
 class OnnxEngine:
     name = "onnx"
 
     def __init__(self, spec: ModelSpec, threads: int, output: RawOutput) -> None:
-        if output is RawOutput.TEXT_FEATURES:
-            raise ValueError(f"the onnx engine does not export two-tower models yet; serve '{spec.name}' with "
-                             "engine = \"torch\"")
         if spec.dtype not in DTYPES:
             raise ValueError(f"the onnx engine takes dtype {', '.join(DTYPES)}; got {spec.dtype}")
         if spec.dtype == "float16" and devices.is_cpu(spec.device):
@@ -189,8 +216,13 @@ class OnnxEngine:
         # sentences/s than one run on every thread.
         self.lanes = threads if on_cpu else 1
         self.express = self.lanes > 1  # one more single-threaded run of the same session
-        self._session = _session(folder, spec.device, 1 if on_cpu else threads)
-        self._wide = _session(folder, spec.device, threads) if wants_copy(folder, self.lanes) else None
+        self._session = _session(folder / GRAPH, spec.device, 1 if on_cpu else threads)
+        two_towers = output is RawOutput.TEXT_FEATURES
+        # Images run one pass at a time on every thread: as many images/s as a lane per
+        # core, and a lone image is not left to one core (bench/RESULTS.md, "ONNX towers").
+        self._vision = _session(folder / VISION_GRAPH, spec.device, threads) if two_towers else None
+        copies = wants_copy(folder / GRAPH if two_towers else folder, self.lanes)
+        self._wide = _session(folder / GRAPH, spec.device, threads) if copies else None
         self._inputs = [i.name for i in self._session.get_inputs()]
         self.pad_id = pad_id(spec)
         if self._wide is not None and not wide_copy_pays(self, spec.max_length):
@@ -203,4 +235,11 @@ class OnnxEngine:
         given = {"input_ids": input_ids, "attention_mask": attention_mask, "token_type_ids": token_type_ids}
         session = self._wide if wide and self._wide is not None else self._session
         (output,) = session.run(None, {name: given[name] for name in self._inputs})
+        return torch.from_numpy(output)
+
+    @torch.inference_mode()
+    def forward_images(self, pixels: np.ndarray) -> torch.Tensor:
+        """A two-tower model's vision tower: (n, channels, height, width) float32 images ->
+        (n, dim), its projected pooled output."""
+        (output,) = self._vision.run(None, {"pixel_values": pixels})
         return torch.from_numpy(output)
