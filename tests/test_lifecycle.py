@@ -11,6 +11,7 @@ import signal
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 import requests
@@ -38,6 +39,8 @@ def assert_clean_exit(server, signum: int) -> None:
     pid = server.pid
     children = server.record_children()
     assert len(children) >= 2, f"expected a tokenizer and an inference child, found {children}"
+    names = {Path(f"/proc/{child}/comm").read_text().strip() for child in children if pid_alive(child)}
+    assert {name.split("-")[0] for name in names} >= {"tokenizer", "inference"}, f"children named {names}"
     assert shm_arenas(pid), "a running server has its arena in /dev/shm"
     run_dir = server.run_dir()
     assert run_dir is not None and run_dir.is_dir(), "the front end's ipc sockets live in a folder"
