@@ -154,7 +154,10 @@ def _png(seed: int, size: tuple[int, int], mode: str = "RGB", fmt: str = "PNG") 
     from PIL import Image
 
     rng = np.random.default_rng(seed)
-    image = Image.fromarray(rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)).convert(mode)
+    if mode == "I;16":  # 16-bit grey; values up to 1023, so Pillow's cut to 8 bits keeps some detail
+        image = Image.fromarray(rng.integers(0, 1024, (size[1], size[0]), dtype=np.uint16))
+    else:
+        image = Image.fromarray(rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)).convert(mode)
     buffer = io.BytesIO()
     image.save(buffer, fmt)
     return buffer.getvalue()
@@ -182,8 +185,10 @@ def image_reference(folder, files: list[bytes]) -> np.ndarray:
 
 
 IMAGES = [_png(1, (40, 50)), _png(2, (64, 33), "L"), _png(3, (33, 70), "RGBA"), _png(4, (48, 48), "P", "GIF"),
-          _png(5, (50, 40), "RGB", "JPEG"), _png(6, (45, 45), "RGB", "WEBP"), _png(7, (36, 52), "CMYK", "JPEG")]
-MIMES = ["image/png", "image/png", "image/png", "image/gif", "image/jpeg", "image/webp", "image/jpeg"]
+          _png(5, (50, 40), "RGB", "JPEG"), _png(6, (45, 45), "RGB", "WEBP"), _png(7, (36, 52), "CMYK", "JPEG"),
+          _png(8, (41, 39), "LA"), _png(9, (39, 41), "I;16")]
+MIMES = ["image/png", "image/png", "image/png", "image/gif", "image/jpeg", "image/webp", "image/jpeg", "image/png",
+         "image/png"]
 
 
 def _bomb() -> bytes:
