@@ -25,7 +25,7 @@ from numpy.lib.format import dtype_to_descr
 from infinity.shared import devices, protocol
 from infinity.shared.folders import image_patches
 from infinity.shared.protocol import ModelSpec
-from infinity.shared.shm import Arena
+from infinity.shared.shm import Arena, SharedMemoryTooSmall
 from workers.batching import Batch, Scheduler, image_queue
 from workers.engines import set_torch_threads
 from workers.engines.base import best_seconds, model_config
@@ -58,7 +58,7 @@ def serve(args: protocol.WorkerArgs, context: zmq.Context, inbox: zmq.Socket, to
         arenas = {spec.name: Arena(_arena_name(args, spec.name), args.arena_slots,
                                    0 if models[spec.name].head.ragged else models[spec.name].head.dim, create=True)
                   for spec in args.models}
-    except devices.DeviceUnavailable as exc:  # a configuration error: no traceback
+    except (devices.DeviceUnavailable, SharedMemoryTooSmall) as exc:  # a configuration error: no traceback
         to_front.send(protocol.encode(protocol.StartupFailed(args.name, str(exc))))
         return
     except Exception as exc:

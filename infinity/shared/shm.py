@@ -20,6 +20,7 @@ tracker in any process unlinks them behind the owner's back.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import mmap
 import os
@@ -84,6 +85,10 @@ def _in_use(folder: Path) -> bool:
     return False
 
 
+class SharedMemoryTooSmall(OSError):
+    """/dev/shm cannot hold an arena (a container's is 64 MiB unless it is given more)."""
+
+
 class Arena:
     """A mapped arena: `rows` is a (slots, dim) float32 view of the shared file."""
 
@@ -96,6 +101,7 @@ class Arena:
         try:
             if create:
                 os.ftruncate(fd, size)
+                _reserve(fd, name, size, slots, dim)
             self._map = mmap.mmap(fd, size)
         finally:
             os.close(fd)
@@ -107,6 +113,21 @@ class Arena:
             self._map.close()
         except BufferError:
             pass  # a view is still alive; the mapping goes with the process
+
+
+def _reserve(fd: int, name: str, size: int, slots: int, dim: int) -> None:
+    """Take the arena's pages in /dev/shm now: a file larger than the space left maps
+    fine, and the process writing past that space dies of SIGBUS at the first such row."""
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError as exc:
+        if exc.errno != errno.ENOSPC:
+            raise
+        free = shutil.disk_usage(SHM_DIR).free
+        raise SharedMemoryTooSmall(
+            f"{SHM_DIR} is too small: the arena {name} needs {size / 2**20:.1f} MiB ({slots} slots x {dim} "
+            f"float32) and {free / 2**20:.1f} MiB are free; give the server more shared memory (docker run "
+            "--shm-size, a memory-backed emptyDir at /dev/shm) or lower max_queued_items") from None
 
 
 def remove(name: str) -> None:
