@@ -28,6 +28,7 @@ from infinity.errors import APIError, ServingError, error_response, from_kind
 from infinity.pipeline import Pipeline, StartupError
 from infinity.routes import ROUTES, Route
 from infinity.media_fetch import MediaFetcher
+from infinity.metrics import METRICS, Metrics, record_request, serve_metrics
 from infinity.routes.common import CONFIG, FETCHER, PIPELINE
 from infinity.schemas import decode_body
 from infinity.shared.protocol import ModelSpec
@@ -47,12 +48,15 @@ def create_app(config: Config, specs: list[ModelSpec], launch: Launch = spawn_pr
     """The application serving `specs`; `launch` starts its children (processes, but in
     the fast tests)."""
     server = config.server
+    pipeline = Pipeline(server, specs, launch, config.media)
+    metrics = Metrics(pipeline, version("infinity-serve"))
     app = web.Application(
         client_max_size=server.max_request_bytes,
-        middlewares=[_json_errors, _authorization(server.api_key), track_request],
+        middlewares=[record_request(metrics), _json_errors, _authorization(server.api_key), track_request],
     )
     app[CONFIG] = config
-    app[PIPELINE] = Pipeline(server, specs, launch, config.media)
+    app[PIPELINE] = pipeline
+    app[METRICS] = metrics
     app[FETCHER] = MediaFetcher(config.media)
     app[EXIT_CODE] = [0]
     app[MAX_INPUT_CHARS] = max(spec.max_input_chars for spec in specs)
@@ -70,6 +74,7 @@ def create_app(config: Config, specs: list[ModelSpec], launch: Launch = spawn_pr
     app[DOCS] = openapi.render_html(document)
     app.router.add_get(f"{server.url_prefix}/openapi.json", _serve_openapi)
     app.router.add_get(f"{server.url_prefix}/docs", _serve_docs)
+    app.router.add_get(f"{server.url_prefix}/metrics", serve_metrics)
     app.on_startup.append(_start_pipeline)
     app.on_cleanup.append(_stop_pipeline)
     return app
@@ -139,7 +144,7 @@ def _authorization(api_key: str | None) -> Callable[[web.Request, Handler], Awai
 
     @web.middleware
     async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if expected is not None and not request.path.endswith("/health"):
+        if expected is not None and not request.path.endswith(("/health", "/metrics")):
             given = request.headers.get("Authorization", "").encode()
             if not hmac.compare_digest(given, expected):
                 raise APIError(401, "missing or wrong API key: send 'Authorization: Bearer <key>'",

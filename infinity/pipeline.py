@@ -292,6 +292,10 @@ class Pipeline:
         replica = pending.replica
         assert replica is not None and replica.arena is not None
         replica.served += len(pending.slots)
+        served = pending.model.served
+        served.inputs += len(pending.slots)
+        served.prompt_tokens += pending.prompt_tokens
+        served.truncated += pending.truncated
         ragged = None if message.outputs is None else _by_slot(message.outputs)
         pending.future.set_result(Result(pending.model, replica.arena, pending.slots,
                                          pending.prompt_tokens, pending.truncated, ragged,

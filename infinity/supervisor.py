@@ -105,7 +105,8 @@ class Child:
         self.process: multiprocessing.process.BaseProcess | None = None
         self.socket: zmq.Socket | None = None
         self.ready = False
-        self.failures = 0
+        self.failures = 0  # in a row, for the back-off: a child that comes up starts again at 0
+        self.restarts = 0  # since the server started
 
     def start(self, context: zmq.Context, on_exit: Callable[[Child], None]) -> None:
         """Spawn the process and a fresh socket to it (so nothing queued for a dead
@@ -122,6 +123,7 @@ class Child:
     def restart_delay(self) -> float:
         """Count a failure; the seconds to wait before starting the child again."""
         self.failures += 1
+        self.restarts += 1
         return min(MAX_RESTART_DELAY_S, 0.5 * 2 ** (self.failures - 1))
 
     def send(self, message: protocol.Message) -> None:

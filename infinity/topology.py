@@ -41,6 +41,15 @@ class Replica:
         self.arena = shm.Arena(info.arena, info.slots, 0 if info.ragged else info.dim, create=False)
 
 
+@dataclass
+class Served:
+    """What a model has computed since the server started (read by the metrics)."""
+
+    inputs: int = 0
+    prompt_tokens: int = 0
+    truncated: int = 0
+
+
 class ServedModel:
     """A model as the front end sees it: its spec (the first replica's; replicas differ
     only in device), its replicas, and the slot pool they share.
@@ -54,6 +63,7 @@ class ServedModel:
         self.spec = spec
         self.pool = shm.SlotPool(slots)
         self.replicas: list[Replica] = []
+        self.served = Served()
 
     @property
     def ready(self) -> bool:

@@ -199,6 +199,13 @@ def _check_recovery(server, child: str, victim: int, log_mark: int, sentences, r
         assert_close(decode_embedding(item["embedding"]), reference_vectors[i], f"input {i} after restart")
     # One arena per model, the restarted child's; the dead one's was removed.
     assert len(shm_arenas(server.pid)) == 1, shm_arenas(server.pid)
+    # The restart shows in the metrics.
+    from prometheus_client.parser import text_string_to_metric_families
+
+    exposition = requests.get(server.url("/metrics"), timeout=10).text
+    restarts = {sample.labels["child"]: sample.value for family in text_string_to_metric_families(exposition)
+                for sample in family.samples if sample.name == "infinity_child_restarts_total"}
+    assert restarts[child] >= 1, restarts
 
 
 def _assert_failed_quickly(results) -> None:

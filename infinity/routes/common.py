@@ -14,6 +14,7 @@ from infinity import openapi
 from infinity.config import Config
 from infinity.errors import APIError
 from infinity.media_fetch import MediaFetcher
+from infinity.metrics import MODEL
 from infinity.pipeline import Pipeline, Result
 from infinity.schemas import Usage
 from infinity.topology import ServedModel
@@ -50,6 +51,7 @@ def served_model(request: web.Request, name: str | None, kinds: tuple[str, ...])
     if name is None or name == UNNAMED_MODEL:
         of_kind = [m for m in models.values() if m.spec.kind in kinds]
         if len(of_kind) == 1:
+            request[MODEL] = of_kind[0].spec.name
             return of_kind[0]
         raise APIError(422, f"model is required: this server serves {len(of_kind)} models of kind "
                             f"{' or '.join(repr(k) for k in kinds)}", param="model")
@@ -57,6 +59,7 @@ def served_model(request: web.Request, name: str | None, kinds: tuple[str, ...])
     if model is None:
         raise APIError(404, f"model '{name}' is not served here; served models: {', '.join(models)}",
                        param="model", code="model_not_found")
+    request[MODEL] = model.spec.name
     if model.spec.kind not in kinds:
         routes = " and ".join(f"POST {CAPABILITY_ROUTES[c]}" for c in KIND_CAPABILITIES[model.spec.kind])
         raise APIError(400, f"model '{name}' is of kind '{model.spec.kind}'; it serves {routes}, not the {kinds[0]} "
