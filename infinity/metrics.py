@@ -3,8 +3,9 @@
 The front end owns the registry, one per server. What it sees of each HTTP request (route,
 model, status, duration) is recorded by the `record_request` middleware; what the pipeline
 counts (inputs, tokens, truncated inputs, queue slots in use, child restarts, readiness)
-is read from it when scraped, so children report nothing of their own and a restarted
-child loses nothing. Like `/health`, `/metrics` needs no API key (scrapers reach each
+is read from it when scraped; inference processes report each batch they run
+(`protocol.BatchRan`: its size, tokens, the inputs' waits, its time), observed here, so
+no figure lives in a child and a restarted child loses nothing. Like `/health`, `/metrics` needs no API key (scrapers reach each
 replica directly, not through the balancer); it reveals model names and counts only.
 """
 
@@ -18,10 +19,14 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, H
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from infinity.pipeline import Pipeline
+from infinity.shared import protocol
 
 MODEL = web.RequestKey("model", str)  # the model a route served (set by `served_model`)
 # Seconds: from a lone short sentence (a few ms) to large batches and image requests.
 DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+# A pass: from one input of a few tokens to max_batch_size x max_length.
+BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+BATCH_TOKEN_BUCKETS = (16, 64, 256, 1024, 4096, 16384, 65536)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -35,7 +40,24 @@ class Metrics:
                                 ["route", "model", "status"], registry=self.registry)
         self.duration = Histogram("infinity_request_duration_seconds", "Time from a request's headers to its answer",
                                   ["route", "model"], buckets=DURATION_BUCKETS, registry=self.registry)
+        self.queue_time = Histogram("infinity_queue_duration_seconds", "Time an input waited in its inference "
+                                    "process for a batch", ["model"], buckets=DURATION_BUCKETS, registry=self.registry)
+        self.inference_time = Histogram("infinity_inference_duration_seconds", "Time of one batch's forward pass and "
+                                        "head", ["model"], buckets=DURATION_BUCKETS, registry=self.registry)
+        self.batch_size = Histogram("infinity_batch_size", "Inputs per batch", ["model"], buckets=BATCH_SIZE_BUCKETS,
+                                    registry=self.registry)
+        self.batch_tokens = Histogram("infinity_batch_tokens", "Padded tokens per batch (an image batch: its "
+                                      "patches)", ["model"], buckets=BATCH_TOKEN_BUCKETS, registry=self.registry)
         self.registry.register(_PipelineCollector(pipeline, version))
+        pipeline.on_batch_ran = self._observe_batch
+
+    def _observe_batch(self, batch: protocol.BatchRan) -> None:
+        self.inference_time.labels(batch.model).observe(batch.seconds)
+        self.batch_size.labels(batch.model).observe(batch.inputs)
+        self.batch_tokens.labels(batch.model).observe(batch.tokens)
+        waits = self.queue_time.labels(batch.model)
+        for wait in batch.waits:
+            waits.observe(wait)
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

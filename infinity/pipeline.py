@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -123,7 +123,10 @@ class Pipeline:
             protocol.Tokenized: self._on_tokenized,
             protocol.Done: self._on_done,
             protocol.Failed: self._on_failed,
+            protocol.BatchRan: self._on_batch_ran,
         }
+        # Told of every batch an inference process ran (the metrics observe them).
+        self.on_batch_ran: Callable[[protocol.BatchRan], None] = lambda message: None
 
         topology = place(server, specs, self._args, launch)
         self.models = topology.models
@@ -300,6 +303,9 @@ class Pipeline:
         pending.future.set_result(Result(pending.model, replica.arena, pending.slots,
                                          pending.prompt_tokens, pending.truncated, ragged,
                                          pending.image_info))
+
+    def _on_batch_ran(self, message: protocol.BatchRan) -> None:
+        self.on_batch_ran(message)
 
     def _on_failed(self, message: protocol.Failed) -> None:
         pending = self._pending.get(message.request_id)

@@ -378,3 +378,17 @@ def test_int8_towers_stay_close_to_float32(server, folders):
                               image_reference(folders[CLIP], IMAGES))):
         cosines = np.sum(np.array(served) * expected, axis=1)  # both normalised
         assert cosines.min() >= 0.97 and cosines.mean() >= 0.99
+
+
+def test_image_batches_are_counted_under_their_model(server):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    def patches_counted() -> float:
+        exposition = server.get("/metrics").text
+        return sum(sample.value for family in text_string_to_metric_families(exposition) for sample in family.samples
+                   if sample.name == "infinity_batch_tokens_sum" and sample.labels["model"] == CLIP_TORCH)
+
+    before = patches_counted()
+    uris = [_data_uri(data, mime) for data, mime in zip(IMAGES[:2], MIMES[:2])]
+    assert server.post("/v1/embeddings", json={"model": CLIP_TORCH, "input": uris, "modality": "image"}).status_code == 200
+    assert patches_counted() - before == 2 * (32 // 8) ** 2

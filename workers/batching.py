@@ -414,7 +414,15 @@ def _group_of(index: int, groups: list[tuple[int, int]]) -> tuple[int, int]:
 
 def image_queue(model: str) -> str:
     """The queue of a two-tower model's images, beside the queue of its texts (`model`)."""
-    return f"{model}#images"
+    return f"{model}{_IMAGES}"
+
+
+def queue_model(queue: str) -> str:
+    """The model a queue's batches run (`image_queue`'s inverse)."""
+    return queue.removesuffix(_IMAGES)
+
+
+_IMAGES = "#images"
 
 
 def _pad(model: str, items: list[Item], pad_id: int, wide: bool = False, express: bool = False) -> Batch:

@@ -15,6 +15,7 @@ import logging
 import os
 import re
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
@@ -26,7 +27,7 @@ from infinity.shared import devices, protocol
 from infinity.shared.folders import image_patches
 from infinity.shared.protocol import ModelSpec
 from infinity.shared.shm import Arena, SharedMemoryTooSmall
-from workers.batching import Batch, Scheduler, image_queue
+from workers.batching import Batch, Scheduler, image_queue, queue_model
 from workers.engines import set_torch_threads
 from workers.engines.base import best_seconds, model_config
 from workers.heads import LoadedModel, load_model
@@ -182,6 +183,7 @@ def _serve(by_queue: dict[str, tuple[LoadedModel, Arena]], scheduler: Scheduler,
 
 def _run(batch: Batch, model: LoadedModel, arena: Arena, scheduler: Scheduler, sender: _Sender) -> None:
     log.debug("batch of %d inputs, %d x %d tokens", len(batch.items), *batch.input_ids.shape)
+    start = time.monotonic()  # the scheduler's clock
     try:
         if batch.pixel_values is not None:
             vectors = model.forward_images(batch.pixel_values)
@@ -198,6 +200,9 @@ def _run(batch: Batch, model: LoadedModel, arena: Arena, scheduler: Scheduler, s
         else:
             arena.rows[[item.slot for item in batch.items]] = vectors
         finished = scheduler.finish(batch)
+        tokens = sum(item.patches for item in batch.items) if batch.pixel_values is not None else batch.input_ids.size
+        sender.send(protocol.BatchRan(queue_model(batch.model), len(batch.items), tokens,
+                                      [start - item.arrived for item in batch.items], time.monotonic() - start))
     for request in finished:
         if request.error is not None:
             sender.send(protocol.Failed(request.request_id, protocol.ErrorKind.INTERNAL, request.error))

@@ -261,7 +261,19 @@ class StartupFailed(msgspec.Struct, tag=True, array_like=True):
     message: str
 
 
-Message = Tokenize | Tokenized | Infer | Cancel | Done | Failed | Ready | StartupFailed
+class BatchRan(msgspec.Struct, tag=True, array_like=True):
+    """An inference process ran one batch of `model`: how many inputs, its padded tokens
+    (an image batch: its patches), how long each input waited in the process's queue and
+    how long the forward pass and head took, in seconds (for the metrics)."""
+
+    model: str
+    inputs: int
+    tokens: int
+    waits: list[float]
+    seconds: float
+
+
+Message = Tokenize | Tokenized | Infer | Cancel | Done | Failed | Ready | StartupFailed | BatchRan
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(Message)

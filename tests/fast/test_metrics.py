@@ -48,6 +48,12 @@ def test_served_requests_move_the_counters():
             assert _value(after, "infinity_prompt_tokens_total", model="m") > 256
             assert _value(after, "infinity_inputs_truncated_total", model="m") == 1
             assert _value(after, "infinity_queue_slots_in_use", model="m") == 0
+            # The inference process's batches: both inputs, each waited once, in one pass or two.
+            assert _value(after, "infinity_batch_size_sum", model="m") == 2
+            assert _value(after, "infinity_queue_duration_seconds_count", model="m") == 2
+            passes = _value(after, "infinity_inference_duration_seconds_count", model="m")
+            assert passes in (1, 2) and _value(after, "infinity_batch_tokens_count", model="m") == passes
+            assert _value(after, "infinity_batch_tokens_sum", model="m") >= 256 + 3
 
     asyncio.run(test())
 
