@@ -32,6 +32,8 @@ _SERVER_FLAGS = {
     "--keepalive-timeout": ("keepalive_timeout", float, "seconds an idle keep-alive connection stays open (default 75)"),
     "--max-connections": ("max_connections", int, "open connections at most; beyond, the longest idle one is closed "
                                                   "(default 4096)"),
+    "--shutdown-timeout": ("shutdown_timeout", float, "seconds a stopping server gives the requests it holds to "
+                                                      "finish, answering 503 to new ones (default 30)"),
     "--log-level": ("log_level", str, "debug, info, warning or error (default info)"),
     "--embedding-type": ("embedding_type", str, "embeddings' output type when a request names none: float, "
                                                 "int8, uint8, binary or ubinary (default float)"),
@@ -95,10 +97,13 @@ def _serve(config: Config, specs: list[ModelSpec]) -> int:
 
 
 async def _run(app: web.Application, server: ServerConfig) -> None:
-    """Serve `app` until SIGINT or SIGTERM, then drain in-flight requests and stop."""
+    """Serve `app` until SIGINT or SIGTERM, then drain: answer 503 to /health and to new
+    requests while those held finish (within `shutdown_timeout`), and stop."""
+    from infinity.routes.common import PIPELINE
+
     limits = ConnectionLimits(server.header_timeout, server.body_timeout, server.keepalive_timeout,
                               _connection_cap(server.max_connections))
-    runner = web.AppRunner(app, handle_signals=False, handler_cancellation=True, shutdown_timeout=30)
+    runner = web.AppRunner(app, handle_signals=False, handler_cancellation=True, shutdown_timeout=5)
     await runner.setup()
     try:
         site = GuardedSite(runner, server.host, server.port, ConnectionGuard(limits), access_log=None)
@@ -109,6 +114,7 @@ async def _run(app: web.Application, server: ServerConfig) -> None:
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(signum, stop.set)
         await stop.wait()
+        await app[PIPELINE].drain(server.shutdown_timeout)
     finally:
         await runner.cleanup()
 

@@ -100,6 +100,9 @@ class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     keepalive_timeout: float = 75.0
     # Open connections at most; beyond, the longest idle one is closed (or the new one refused).
     max_connections: int = 4096
+    # Seconds a stopping server (SIGTERM) gives the requests it holds to finish; meanwhile
+    # /health and new requests are answered 503.
+    shutdown_timeout: float = 30.0
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     # Output type of embeddings when a request names none (see infinity/quantize.py).
     embedding_type: EmbeddingType = "float"
@@ -112,7 +115,7 @@ class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
         if self.tokenizer_workers < 0:
             raise ConfigError("server.tokenizer_workers must be 0 (auto) or positive")
         for key in ("max_queued_items", "max_items_per_request", "max_request_bytes", "max_connections",
-                    "header_timeout", "body_timeout", "keepalive_timeout"):
+                    "header_timeout", "body_timeout", "keepalive_timeout", "shutdown_timeout"):
             if getattr(self, key) <= 0:
                 raise ConfigError(f"server.{key} must be positive")
 

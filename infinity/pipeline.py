@@ -117,6 +117,7 @@ class Pipeline:
         self._outstanding: dict[str, int] = {}
         self._started: asyncio.Future[None] | None = None
         self._stopping = False
+        self.draining = False  # stopping: new requests are refused while those held finish
         self._handlers = {
             protocol.Ready: self._on_ready,
             protocol.StartupFailed: self._on_startup_failed,
@@ -181,7 +182,7 @@ class Pipeline:
 
     async def run(self, model: ServedModel, inputs: ModelInputs) -> Result:
         """Run one request through the pipeline; the caller must `release` the result."""
-        if self._stopping:
+        if self._stopping or self.draining:
             raise ServingError(protocol.ErrorKind.SHUTTING_DOWN, "the server is shutting down")
         if not model.ready:
             raise ServingError(protocol.ErrorKind.MODEL_NOT_READY, f"model '{model.spec.name}' is not ready yet; retry shortly")
@@ -358,6 +359,17 @@ class Pipeline:
         if not self._stopping:
             child.reap(0)
             child.start(self._context, self._child_exited)
+
+    async def drain(self, timeout: float) -> None:
+        """Refuse new requests and wait, at most `timeout` seconds, for those held to finish."""
+        self.draining = True
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        log.info("stopping: %d requests held, waiting up to %.0f s for them", len(self._pending), timeout)
+        while self._pending and loop.time() < deadline:
+            await asyncio.sleep(0.05)
+        if self._pending:
+            log.warning("%d requests still held after %.0f s: they fail", len(self._pending), timeout)
 
     async def stop(self) -> None:
         """Stop every child, fail what is still pending, remove arenas and sockets."""

@@ -130,6 +130,27 @@ def test_stop_with_requests_in_flight(start_server, sentences):
     assert not crash_output(server.log_text())
 
 
+def test_a_stopping_server_finishes_what_it_holds_and_refuses_new_work(start_server, sentences):
+    """SIGTERM: /health and new requests get 503 at once (a balancer moves on), the
+    request held is answered whole, then the server exits 0."""
+    server = start_server()
+    texts = [sentences[i % len(sentences)] + " extra words" * 20 for i in range(256)]
+    with ThreadPoolExecutor(1) as pool:
+        held = pool.submit(server.embed, texts)
+        time.sleep(1.0)
+        server.send_signal(signal.SIGTERM)
+        time.sleep(0.3)
+        assert not held.done(), "the held request should outlast the checks below"
+        assert assert_error(requests.get(server.url("/health"), timeout=10), 503)["code"] == "shutting_down"
+        refused = server.embed(["a new request"])
+        assert assert_error(refused, 503)["code"] == "shutting_down"
+        response = held.result(timeout=60)
+    assert response.status_code == 200, response.text[:300]
+    assert len(response.json()["data"]) == len(texts)
+    assert server.proc.wait(60) == 0
+    assert "stopping: 1 requests held" in server.log_text()
+
+
 # --- crashes of one child ----------------------------------------------------------------------
 
 @pytest.fixture(scope="module")

@@ -15,6 +15,8 @@ from infinity.topology import ServedModel
 
 
 async def health(request: web.Request, _: None) -> Health:
+    if request.app[PIPELINE].draining:
+        raise APIError(503, "the server is stopping", code="shutting_down")
     if not request.app[PIPELINE].ready:
         raise APIError(503, "models are loading", code="not_ready", headers={"Retry-After": "1"})
     return Health("ok", time.time())
