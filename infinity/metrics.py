@@ -5,8 +5,9 @@ model, status, duration) is recorded by the `record_request` middleware; what th
 counts (inputs, tokens, truncated inputs, queue slots in use, child restarts, readiness)
 is read from it when scraped; inference processes report each batch they run
 (`protocol.BatchRan`: its size, tokens, the inputs' waits, its time), observed here, so
-no figure lives in a child and a restarted child loses nothing. Like `/health`, `/metrics` needs no API key (scrapers reach each
-replica directly, not through the balancer); it reveals model names and counts only.
+no figure lives in a child and a restarted child loses nothing. Like `/health`,
+`/metrics` needs no API key (scrapers reach each replica directly, not through the
+balancer); it reveals model names and counts only.
 """
 
 from __future__ import annotations
