@@ -23,7 +23,7 @@ from msgspec import Struct
 
 from infinity import openapi
 from infinity.config import Config
-from infinity.connections import BODY, track_request
+from infinity.connections import BODY, Handler, track_request
 from infinity.errors import APIError, ServingError, error_response, from_kind
 from infinity.pipeline import Pipeline, StartupError
 from infinity.routes import ROUTES, Route
@@ -36,7 +36,6 @@ from infinity.supervisor import Launch, spawn_process
 
 log = logging.getLogger(__name__)
 
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 EXIT_CODE = web.AppKey("exit_code", list)
 START_TASK = web.AppKey("start_task", asyncio.Task)
 OPENAPI = web.AppKey("openapi", bytes)

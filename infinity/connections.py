@@ -36,6 +36,9 @@ from infinity.errors import APIError, error_response, raw_error_response
 
 log = logging.getLogger(__name__)
 
+# What a route or middleware is to aiohttp: a request in, a response out.
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
 
 class Phase(enum.Enum):
     HEADERS = "headers"
@@ -186,8 +189,7 @@ BODY = web.RequestKey("body", bytearray)
 
 
 @web.middleware
-async def track_request(request: web.Request,
-                        handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
+async def track_request(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Move the request's connection through its phases: its body is read here (into
     `request[BODY]`), under the body deadline, before the route runs; the connection is idle
     once the route returns."""

@@ -19,6 +19,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from infinity.connections import Handler
 from infinity.pipeline import Pipeline
 from infinity.shared import protocol
 
@@ -28,9 +29,6 @@ DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.
 # A pass: from one input of a few tokens to max_batch_size x max_length.
 BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 BATCH_TOKEN_BUCKETS = (16, 64, 256, 1024, 4096, 16384, 65536)
-
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
 
 class Metrics:
     """The server's registry and the per-request instruments."""

@@ -141,6 +141,9 @@ def test_wide_copy_only_for_small_models_with_several_lanes(tmp_path):
     with weights.open("r+b") as f:
         f.truncate(WIDE_COPY_MAX_BYTES + 1)
     assert not wants_copy(tmp_path, lanes=2)
+    # One file of a folder (a two-tower model's text graph) is judged by its own size.
+    (tmp_path / "text.onnx").write_bytes(b"x" * 1024)
+    assert wants_copy(tmp_path / "text.onnx", lanes=2)
 
 
 class _TimedEngine:
