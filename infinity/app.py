@@ -143,7 +143,7 @@ def _authorization(api_key: str | None) -> Callable[[web.Request, Handler], Awai
 
     @web.middleware
     async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if expected is not None and not request.path.endswith(("/health", "/metrics")):
+        if expected is not None and not request.path.endswith(openapi.KEYLESS_PATHS):
             given = request.headers.get("Authorization", "").encode()
             if not hmac.compare_digest(given, expected):
                 raise APIError(401, "missing or wrong API key: send 'Authorization: Bearer <key>'",

@@ -87,9 +87,13 @@ def document(operations: list[Operation], title: str, version: str, models: dict
     return doc
 
 
+# Paths (by their ending) that never need the API key: probes and the Prometheus scrape.
+KEYLESS_PATHS = ("/health", "/live", "/metrics")
+
+
 def _operation(op: Operation, path: str, api_key: bool) -> dict[str, Any]:
     responses: dict[str, Any] = {"200": {"description": "OK", "content": _json_content(op.answer)}}
-    errors = (*op.errors, 401) if api_key and not path.endswith("/health") else op.errors
+    errors = (*op.errors, 401) if api_key and not path.endswith(KEYLESS_PATHS) else op.errors
     for status in sorted(errors):
         responses[str(status)] = {"description": ERROR_MEANINGS[status], "content": _json_content(ErrorResponse),
                                   **({"headers": _RETRY_AFTER} if status in (429, 503) else {})}
@@ -100,7 +104,7 @@ def _operation(op: Operation, path: str, api_key: bool) -> dict[str, Any]:
     }
     if op.body is not None:
         operation["requestBody"] = {"required": True, "content": _json_content(op.body)}
-    if api_key and path.endswith("/health"):
+    if api_key and path.endswith(KEYLESS_PATHS):
         operation["security"] = []
     return operation
 

@@ -437,8 +437,8 @@ def test_right_api_key_is_served(api_key_server, sentences, reference_vectors):
     assert requests.get(api_key_server.url("/v1/models"), headers=auth, timeout=30).status_code == 200
 
 
-def test_health_needs_no_api_key(api_key_server):
-    for path in ("/health", "/v1/health"):
+def test_probes_need_no_api_key(api_key_server):
+    for path in ("/health", "/v1/health", "/live", "/v1/live"):
         assert requests.get(api_key_server.url(path), timeout=30).status_code == 200
 
 

@@ -86,6 +86,8 @@ def test_health_is_503_until_models_are_loaded(start_server):
     error = assert_error(first, 503)
     assert first.headers.get("Retry-After")
     assert error["message"]
+    # The liveness probe answers 200 all along: a slow load is no reason to restart.
+    assert requests.get(server.url("/live"), timeout=5).status_code == 200
     # While loading, an embeddings request is refused the same way (not a hang, not a 5xx crash).
     early = requests.post(server.url("/v1/embeddings"), json={"model": MODEL_NAME, "input": ["early"]},
                           timeout=30)
@@ -142,6 +144,7 @@ def test_a_stopping_server_finishes_what_it_holds_and_refuses_new_work(start_ser
         time.sleep(0.3)
         assert not held.done(), "the held request should outlast the checks below"
         assert assert_error(requests.get(server.url("/health"), timeout=10), 503)["code"] == "shutting_down"
+        assert requests.get(server.url("/live"), timeout=10).status_code == 200
         refused = server.embed(["a new request"])
         assert assert_error(refused, 503)["code"] == "shutting_down"
         response = held.result(timeout=60)

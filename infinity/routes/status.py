@@ -1,5 +1,5 @@
-"""Status routes: `/health` (ready once every model is loaded on every device) and the
-model list (OpenAI's shape, with infinity's fields and our replicas and queues)."""
+"""Status routes: `/health` (ready once every model is loaded on every device), `/live`
+(the front end answers: a liveness probe), and the model list (OpenAI's shape, with infinity's fields and our replicas and queues)."""
 
 from __future__ import annotations
 
@@ -19,6 +19,12 @@ async def health(request: web.Request, _: None) -> Health:
         raise APIError(503, "the server is stopping", code="shutting_down")
     if not request.app[PIPELINE].ready:
         raise APIError(503, "models are loading", code="not_ready", headers={"Retry-After": "1"})
+    return Health("ok", time.time())
+
+
+async def live(request: web.Request, _: None) -> Health:
+    """200 whenever the front end answers, while models load and while draining too: a
+    liveness probe restarts a server only when it is stuck, never for a slow model load."""
     return Health("ok", time.time())
 
 
@@ -54,4 +60,7 @@ ROUTES = [
     Route(openapi.Operation("get", "/health", ("/v1/health",),
                             "200 once every model is loaded on every device; 503 before", None, Health, (503,)),
           health),
+    Route(openapi.Operation("get", "/live", ("/v1/live",),
+                            "200 whenever the server answers (also while models load and while stopping)",
+                            None, Health, ()), live),
 ]
