@@ -1,5 +1,6 @@
 """`python -m infinity serve`: parse the command line, load the configuration, resolve the
-models, and run the server until SIGINT/SIGTERM."""
+models, and run the server until SIGINT/SIGTERM. `python -m infinity replicas`: several
+servers behind nginx (infinity/replicas.py)."""
 
 from __future__ import annotations
 
@@ -58,11 +59,39 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--served-name", help="name clients use for --model (default: its folder name)")
     for flag, (_, kind, text) in _SERVER_FLAGS.items():
         serve.add_argument(flag, type=kind, help=text)
+    _add_replicas_command(commands)
     return parser
+
+
+def _add_replicas_command(commands: argparse._SubParsersAction) -> None:
+    from infinity.replicas import NGINX_CONFIG
+
+    replicas = commands.add_parser(
+        "replicas",
+        help="run several servers on this machine behind nginx",
+        description=(
+            "Start N replicas of 'serve' on consecutive ports (each on its own cores when there "
+            "are enough) and nginx in front of them with config/nginx.conf; restart a replica "
+            "that dies; on SIGTERM stop nginx, drain the replicas and exit. Flags after '--' go "
+            "to every replica's 'serve', e.g. -- --config models.toml."
+        ),
+    )
+    replicas.add_argument("--replicas", type=int, default=2, help="how many servers (default 2)")
+    replicas.add_argument("--listen", type=int, default=8080, help="nginx's port on 127.0.0.1 (default 8080)")
+    replicas.add_argument("--first-port", type=int, default=8001,
+                          help="the first replica's port on 127.0.0.1; the others follow (default 8001)")
+    replicas.add_argument("--nginx", default="nginx", help="the nginx binary (default: nginx on PATH)")
+    replicas.add_argument("--nginx-config", default=str(NGINX_CONFIG),
+                          help="the nginx.conf whose upstream and listen port are set (default config/nginx.conf)")
+    replicas.add_argument("--shutdown-timeout", type=float, default=30.0,
+                          help="seconds each replica drains at stop (its --shutdown-timeout; default 30)")
+    replicas.add_argument("serve_args", nargs=argparse.REMAINDER, help="-- then flags for each replica's serve")
 
 
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
+    if args.command == "replicas":
+        sys.exit(_replicas(args))
     overrides = {key: getattr(args, flag[2:].replace("-", "_")) for flag, (key, _, _) in _SERVER_FLAGS.items()}
     try:
         config = load_config(args.config, server_overrides=overrides, model_source=args.model,
@@ -76,6 +105,25 @@ def main(argv: list[str] | None = None) -> None:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)
     sys.exit(_serve(config, specs))
+
+
+def _replicas(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from infinity import replicas
+
+    logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s [replicas] %(message)s")
+    config = Path(args.nginx_config)
+    if args.replicas < 1:
+        print("error: --replicas must be at least 1", file=sys.stderr)
+        return 2
+    if not config.is_file():
+        print(f"error: nginx config not found: {config} (give --nginx-config)", file=sys.stderr)
+        return 2
+    serve_args = args.serve_args[1:] if args.serve_args[:1] == ["--"] else args.serve_args
+    serve_args = ["--shutdown-timeout", str(args.shutdown_timeout), *serve_args]
+    return replicas.run(args.replicas, args.listen, args.first_port, serve_args, args.nginx, config,
+                        args.shutdown_timeout)
 
 
 def _serve(config: Config, specs: list[ModelSpec]) -> int:
