@@ -16,6 +16,7 @@ import multiprocessing
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import zmq
@@ -38,8 +39,13 @@ class CpuPlan:
     cpu_partitions: list[tuple[list[int] | None, int]]
 
 
-def plan_cpus(cpus: list[int], tokenizer_workers: int = 0, cpu_partitions: int = 1) -> CpuPlan:
+def plan_cpus(cpus: list[int], tokenizer_workers: int = 0, cpu_partitions: int = 1,
+              quota: float | None = None) -> CpuPlan:
     """Split the usable CPUs between tokenizer processes and inference processes.
+
+    A CPU `quota` (cores' worth of time, a container's CPU limit) below the number of
+    `cpus` sizes the plan for that many cores and pins nothing: the quota is time on any
+    core, and pinning every container to the same first cores would pile them up.
 
     With 4 or more CPUs, tokenizers get one pinned core each (one per 8 cores by default,
     at least one) and inference the rest; with fewer, nothing is pinned: one tokenizer
@@ -48,6 +54,10 @@ def plan_cpus(cpus: list[int], tokenizer_workers: int = 0, cpu_partitions: int =
     groups of near-equal size, a thread per core; with more partitions than cores, they
     share cores round robin, one thread each.
     """
+    if quota is not None and int(quota) < len(cpus):
+        plan = plan_cpus(cpus[:max(1, int(quota))], tokenizer_workers, cpu_partitions)
+        return CpuPlan([None] * len(plan.tokenizer_cpus), None, plan.inference_threads,
+                       [(None, threads) for _, threads in plan.cpu_partitions])
     count = tokenizer_workers or max(1, len(cpus) // 8)
     if len(cpus) < 4 or count >= len(cpus) // 2 + 1:
         tokenizers: list[list[int] | None] = [None] * count
@@ -75,6 +85,25 @@ def _split(cpus: list[int], parts: int) -> list[list[int]]:
 
 def usable_cpus() -> list[int]:
     return sorted(os.sched_getaffinity(0))
+
+
+def cpu_quota(cgroup_root: Path = Path("/sys/fs/cgroup")) -> float | None:
+    """The CPU time this process's cgroup may use, in cores (a container's `--cpus` or
+    Kubernetes CPU limit), or None when unlimited or unknown. Read from the cgroup root as
+    a container sees it: cgroup v2's `cpu.max`, else v1's `cpu.cfs_quota_us` / `cpu.cfs_period_us`."""
+    try:
+        quota, period = (cgroup_root / "cpu.max").read_text().split()
+        return None if quota == "max" else int(quota) / int(period)
+    except (OSError, ValueError):
+        pass
+    for folder in ("cpu", "cpu,cpuacct"):
+        try:
+            quota_us = int((cgroup_root / folder / "cpu.cfs_quota_us").read_text())
+            period_us = int((cgroup_root / folder / "cpu.cfs_period_us").read_text())
+        except (OSError, ValueError):
+            continue
+        return quota_us / period_us if quota_us > 0 and period_us > 0 else None
+    return None
 
 
 def _run_entry_point(entry_point: str, args: protocol.WorkerArgs) -> None:

@@ -5,13 +5,16 @@ with the arena that process writes), placed on the CPUs by `infinity.supervisor.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from infinity.config import ServerConfig
 from infinity.shared import devices, protocol, shm
 from infinity.shared.protocol import ModelSpec
-from infinity.supervisor import Child, Launch, plan_cpus, spawn_process, usable_cpus
+from infinity.supervisor import Child, Launch, cpu_quota, plan_cpus, spawn_process, usable_cpus
+
+log = logging.getLogger(__name__)
 
 TOKENIZER_ENTRY_POINT = "workers.tokenizer_worker:main"
 INFERENCE_ENTRY_POINT = "workers.inference_worker:main"
@@ -103,7 +106,11 @@ def place(server: ServerConfig, specs: list[ModelSpec], args_of: ArgsOf, launch:
         models.setdefault(spec.name, ServedModel(spec, server.max_queued_items))
     all_devices = list(dict.fromkeys(spec.device for spec in specs))
     cpu_devices = [device for device in all_devices if devices.is_cpu(device)]
-    plan = plan_cpus(usable_cpus(), server.tokenizer_workers, max(1, len(cpu_devices)))
+    cpus, quota = usable_cpus(), cpu_quota()
+    if quota is not None and int(quota) < len(cpus):
+        log.info("CPU quota of %.2f cores on %d usable cores: processes sized for %d cores, not pinned",
+                 quota, len(cpus), max(1, int(quota)))
+    plan = plan_cpus(cpus, server.tokenizer_workers, max(1, len(cpu_devices)), quota)
     placement = dict(zip(cpu_devices, plan.cpu_partitions))
     first_specs = [model.spec for model in models.values()]
     tokenizers = [Child(args_of(f"tokenizer-{i}", first_specs, cpus, 1), TOKENIZER_ENTRY_POINT, launch)

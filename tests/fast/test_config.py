@@ -4,7 +4,7 @@ import pytest
 
 from infinity.cli import build_parser
 from infinity.config import ConfigError, load_config
-from infinity.supervisor import plan_cpus
+from infinity.supervisor import cpu_quota, plan_cpus
 
 
 def _toml(tmp_path, text: str):
@@ -98,3 +98,34 @@ def test_the_media_table(tmp_path):
                          env={})
     assert config.media.allow_private_networks and config.media.allowed_domains == ["example.com"]
     assert load_config(None, env={}).media.fetch_urls
+
+
+def test_a_cpu_quota_sizes_the_plan_and_pins_nothing():
+    """A container limited to 2.5 cores' time on a 16-core machine: planned as 2 cores
+    (one tokenizer sharing them with inference's 2 threads), nothing pinned; 8 cores' time
+    plans 8 (a pinned tokenizer's worth of cores, unpinned)."""
+    cores = list(range(16))
+    plan = plan_cpus(cores, quota=2.5)
+    assert (plan.tokenizer_cpus, plan.inference_cpus, plan.inference_threads) == ([None], None, 2)
+    assert plan.cpu_partitions == [(None, 2)]
+    plan = plan_cpus(cores, quota=8.0)
+    assert (plan.tokenizer_cpus, plan.inference_cpus, plan.inference_threads) == ([None], None, 7)
+    # As on a 4-core machine: a core's worth for the tokenizer, the partitions split the rest.
+    assert plan_cpus(cores, cpu_partitions=2, quota=4.0).cpu_partitions == [(None, 2), (None, 1)]
+    # A quota of at least every usable core changes nothing.
+    assert plan_cpus(cores, quota=16.0) == plan_cpus(cores) == plan_cpus(cores, quota=None)
+    assert plan_cpus(cores, quota=0.5).inference_threads == 1
+
+
+@pytest.mark.parametrize("files, quota", [
+    ({"cpu.max": "250000 100000\n"}, 2.5),
+    ({"cpu.max": "max 100000\n"}, None),
+    ({"cpu/cpu.cfs_quota_us": "150000\n", "cpu/cpu.cfs_period_us": "100000\n"}, 1.5),
+    ({"cpu,cpuacct/cpu.cfs_quota_us": "-1\n", "cpu,cpuacct/cpu.cfs_period_us": "100000\n"}, None),
+    ({}, None),
+])
+def test_the_cpu_quota_is_read_from_cgroup_v2_or_v1(tmp_path, files, quota):
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    assert cpu_quota(tmp_path) == quota
