@@ -22,7 +22,7 @@ DEFAULT_MODEL_SOURCE = "default"
 DEFAULT_MODEL_NAME = "all-MiniLM-L6-v2"
 
 Pooling = Literal["mean", "cls", "lasttoken"]
-ModelKind = Literal["auto", "embed", "rerank", "classify", "multivector", "sparse", "image_text"]
+ModelKind = Literal["auto", "embed", "rerank", "classify", "multivector", "sparse", "image_text", "audio_text"]
 
 
 class ConfigError(ValueError):
@@ -134,18 +134,25 @@ class MediaConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     # Pixels of one image at most, read from its header before it is decoded: a small file
     # may declare a huge image (a decompression bomb).
     max_image_pixels: int = 40_000_000
+    max_audio_bytes: int = 25 * 1024 * 1024
+    # Seconds of one clip at most, read from its header before anything is decoded.
+    max_audio_seconds: float = 60.0
     connect_timeout: float = 5.0  # seconds
     fetch_timeout: float = 10.0  # seconds for a whole fetch, redirects included
     max_redirects: int = 3
     max_concurrent_fetches: int = 16  # for the whole server
 
     def __post_init__(self) -> None:
-        for key in ("max_image_bytes", "max_image_pixels", "connect_timeout", "fetch_timeout",
-                    "max_concurrent_fetches"):
+        for key in ("max_image_bytes", "max_image_pixels", "max_audio_bytes", "max_audio_seconds",
+                    "connect_timeout", "fetch_timeout", "max_concurrent_fetches"):
             if getattr(self, key) <= 0:
                 raise ConfigError(f"media.{key} must be positive")
         if self.max_redirects < 0:
             raise ConfigError("media.max_redirects must not be negative")
+
+    def max_bytes(self, medium: str) -> int:
+        """The most bytes one item of `medium` ("image", "audio") may be."""
+        return self.max_audio_bytes if medium == "audio" else self.max_image_bytes
 
 
 class Config(msgspec.Struct, forbid_unknown_fields=True, frozen=True):

@@ -168,7 +168,7 @@ def _invalid(message: str) -> ServingError:
 async def media_bytes(fetcher: MediaFetcher, items: object, max_bytes: int, max_items: int) -> list[bytes]:
     """A request's media `input` (a string or a list of them: data: URIs, passed on as
     they are for the preprocessing processes to decode, or http(s) URLs, fetched here
-    at once) as the bytes `protocol.Tokenize.images` carries."""
+    at once) as the bytes `protocol.Tokenize.media` carries."""
     listed = [items] if isinstance(items, str) else items
     if not isinstance(listed, list) or not listed or not all(isinstance(item, str) and item for item in listed):
         raise _invalid("input must be a data: URI or an http(s) URL, or a non-empty list of them")

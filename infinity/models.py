@@ -21,7 +21,7 @@ import msgspec
 from infinity.config import DEFAULT_MODEL_SOURCE, ConfigError, ModelConfig
 from infinity.shared import devices
 from infinity.shared.folders import CTRANSLATE2_FAMILIES, cache_dir, num_labels
-from infinity.image_text_folder import IMAGE_TEXT_FAMILIES, is_image_text, text_tasks
+from infinity.two_tower_folder import AUDIO_TEXT_FAMILIES, IMAGE_TEXT_FAMILIES, text_tasks, two_tower_kind
 from infinity.multivector_folder import is_multivector, read_folder
 from infinity.shared.protocol import ModelSpec, TaskEncoding
 
@@ -49,9 +49,10 @@ def resolve_model(model: ModelConfig) -> ModelSpec:
     pooling = model.pooling or _pooling_from_folder(folder, modules) or "mean"
     kind = _detect_kind(folder, transformer_dir, modules) if model.kind == "auto" else model.kind
     config = json.loads((transformer_dir / "config.json").read_text())
-    if kind == "image_text" and not is_image_text(config):
-        raise ConfigError(f"model '{model.name}': kind = \"image_text\" needs a two-tower folder "
-                          f"({', '.join(IMAGE_TEXT_FAMILIES)}); {transformer_dir} is {config.get('model_type')}")
+    if kind in ("image_text", "audio_text") and two_tower_kind(config) != kind:
+        families = IMAGE_TEXT_FAMILIES if kind == "image_text" else AUDIO_TEXT_FAMILIES
+        raise ConfigError(f"model '{model.name}': kind = \"{kind}\" needs a two-tower folder "
+                          f"({', '.join(families)}); {transformer_dir} is {config.get('model_type')}")
     max_length = _max_length(transformer_dir, model.max_length)
     multivector = read_folder(folder, modules, max_length) if kind == "multivector" else None
     tasks = (multivector.tasks if multivector
@@ -85,8 +86,8 @@ def resolve_model(model: ModelConfig) -> ModelSpec:
 
 def _detect_kind(folder: Path, transformer_dir: Path, modules: dict[str, str]) -> str:
     """A multi-vector (ColBERT) folder gives a vector per token, a SparseEncoder folder
-    (SPLADE) a sparse vector over the vocabulary, a two-tower folder (CLIP, SigLIP) a
-    vector per text or image; a sequence-classification head with one
+    (SPLADE) a sparse vector over the vocabulary, a two-tower folder (CLIP, SigLIP,
+    CLAP) a vector per text, image or clip; a sequence-classification head with one
     label reranks, with several it classifies (whether saved by transformers or by
     sentence-transformers' CrossEncoder); any other encoder embeds (a plain
     masked-language-model folder too: `kind = "sparse"` serves it as SPLADE)."""
@@ -95,8 +96,8 @@ def _detect_kind(folder: Path, transformer_dir: Path, modules: dict[str, str]) -
         return "multivector"
     if "SpladePooling" in modules:
         return "sparse"
-    if is_image_text(config):
-        return "image_text"
+    if two_tower_kind(config):
+        return two_tower_kind(config)
     if any(a.endswith("ForSequenceClassification") for a in config.get("architectures") or []):
         return "rerank" if num_labels(config) == 1 else "classify"
     return "embed"
@@ -123,11 +124,17 @@ def _engine(model: ModelConfig, kind: str, transformer_dir: Path, tasks: dict[st
     # expansion tokens).
     ctranslate2_lacks = ("the masked-language-model head a sparse model needs" if kind == "sparse"
                          else "a two-tower model's vision tower" if kind == "image_text"
+                         else "a two-tower model's audio tower" if kind == "audio_text"
                          else "the query expansion tokens this model reads without attending to them"
                          if any(task.adds_unattended_tokens for task in tasks.values()) else None)
     if model.engine == "ctranslate2" and ctranslate2_lacks:
         raise ConfigError(f"model '{model.name}': the ctranslate2 engine cannot compute {ctranslate2_lacks}; "
                           "use engine = \"onnx\", \"torch\" or \"auto\"")
+    # ONNX Runtime runs exported text and vision towers, no audio tower.
+    onnx_lacks = "a two-tower model's audio tower" if kind == "audio_text" else None
+    if model.engine == "onnx" and onnx_lacks:
+        raise ConfigError(f"model '{model.name}': the onnx engine cannot compute {onnx_lacks}; "
+                          "use engine = \"torch\" or \"auto\"")
     if model.engine != "auto":
         return model.engine
     on_cpus = all(devices.is_cpu(d) for d in model.devices)
@@ -139,7 +146,8 @@ def _engine(model: ModelConfig, kind: str, transformer_dir: Path, tasks: dict[st
             and config.get("position_embedding_type", "absolute") == "absolute"
             and importlib.util.find_spec("ctranslate2") is not None):
         return "ctranslate2"
-    if importlib.util.find_spec("onnxruntime") is not None and importlib.util.find_spec("onnxscript") is not None:
+    if (not onnx_lacks and importlib.util.find_spec("onnxruntime") is not None
+            and importlib.util.find_spec("onnxscript") is not None):
         return "onnx"
     return "torch"
 
@@ -284,9 +292,12 @@ def _max_length(transformer_dir: Path, configured: int | None) -> int:
     tokenizer's, never more than the model's (or its text tower's) position embeddings
     allow."""
     config = json.loads((transformer_dir / "config.json").read_text())
-    limit = config.get("max_position_embeddings", (config.get("text_config") or {}).get("max_position_embeddings", 512))
+    text = config.get("text_config") or {}
+    limit = config.get("max_position_embeddings", text.get("max_position_embeddings", 512))
     if config.get("model_type") in ("roberta", "xlm-roberta", "camembert"):
         limit -= 2  # positions start after the padding index
+    elif config.get("model_type") == "clap":
+        limit -= int(text.get("pad_token_id") or 0) + 1  # its RoBERTa text tower's, likewise
     candidates = [configured, _json_value(transformer_dir / "sentence_bert_config.json", "max_seq_length"),
                   _json_value(transformer_dir / "tokenizer_config.json", "model_max_length")]
     for value in candidates:

@@ -160,6 +160,7 @@ class Pipeline:
             models=specs, cpus=cpus, threads=threads, arena_prefix=self._folder.arena_prefix(),
             arena_slots=self._server.max_queued_items, log_level=self._server.log_level,
             max_image_bytes=self._media.max_image_bytes, max_image_pixels=self._media.max_image_pixels,
+            max_audio_bytes=self._media.max_audio_bytes, max_audio_seconds=self._media.max_audio_seconds,
         )
 
     @property
@@ -196,7 +197,7 @@ class Pipeline:
         limit = model.spec.max_input_chars
         request = protocol.Tokenize(self._next_id, model.spec.name, _within(inputs.texts, limit), inputs.token_ids,
                                     _within([inputs.query], limit)[0] if inputs.query is not None else None,
-                                    inputs.task, inputs.images)
+                                    inputs.task, inputs.media)
         if tokenizer is not None:
             try:
                 tokenizer.send(request)
@@ -284,7 +285,7 @@ class Pipeline:
         replica.outstanding += len(pending.slots)
         replica.child.send(protocol.Infer(message.request_id, model.spec.name, message.ids,
                                           message.lengths, pending.slots, message.type_ids, message.masks,
-                                          message.pixels, message.pixel_shape))
+                                          message.features, message.feature_shape))
 
     def _on_done(self, message: protocol.Done) -> None:
         pending = self._take(message.request_id)
@@ -393,7 +394,7 @@ class Pipeline:
 
 def _small(inputs: ModelInputs) -> bool:
     """One input, cheap to tokenize: a text of at most `INLINE_MAX_CHARS`, or token ids."""
-    return len(inputs) == 1 and inputs.query is None and inputs.images is None and (
+    return len(inputs) == 1 and inputs.query is None and inputs.media is None and (
         inputs.texts is None or len(inputs.texts[0]) <= INLINE_MAX_CHARS)
 
 

@@ -60,10 +60,29 @@ class ImagePart(Struct, tag="image_url", tag_field="type"):
     image_url: ImageUrl
 
 
+class AudioUrlPart(Struct, tag="audio_url", tag_field="type"):
+    audio_url: ImageUrl
+
+
+class InputAudio(Struct):
+    data: str  # the file's bytes in base64
+    format: Annotated[str, Meta(pattern="^[a-z0-9]{1,16}$")]  # "wav", "mp3", "flac", ...
+
+
+class AudioPart(Struct, tag="input_audio", tag_field="type"):
+    """OpenAI's and vLLM's audio content part: base64 data and its format."""
+
+    input_audio: InputAudio
+
+    @property
+    def uri(self) -> str:
+        return f"data:audio/{self.input_audio.format};base64,{self.input_audio.data}"
+
+
 class ChatMessage(Struct):
     """A message of vLLM's embeddings form: a text, or content parts."""
 
-    content: str | list[TextPart | ImagePart]
+    content: str | list[TextPart | ImagePart | AudioUrlPart | AudioPart]
     role: str = "user"
 
 
@@ -312,7 +331,7 @@ class ModelCard(Struct, kw_only=True):
     object: Literal["model"] = "model"
     owned_by: Literal["infinity"] = "infinity"
     created: int
-    kind: Literal["embed", "rerank", "classify", "multivector", "sparse", "image_text"]
+    kind: Literal["embed", "rerank", "classify", "multivector", "sparse", "image_text", "audio_text"]
     capabilities: list[str]
     backend: str  # the engine of the first replica that loaded
     stats: ModelStats
@@ -344,10 +363,10 @@ class ModelInputs(msgspec.Struct, frozen=True):
     token_ids: list[list[int]] | None = None
     query: str | None = None
     task: str | None = None
-    images: list[bytes] | None = None  # fetched bytes or data: URIs (see `protocol.Tokenize.images`)
+    media: list[bytes] | None = None  # fetched bytes or data: URIs (see `protocol.Tokenize.media`)
 
     def __len__(self) -> int:
-        inputs = next(i for i in (self.texts, self.token_ids, self.images) if i is not None)
+        inputs = next(i for i in (self.texts, self.token_ids, self.media) if i is not None)
         return len(inputs)
 
 

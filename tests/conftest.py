@@ -10,6 +10,7 @@ or that kill processes, start their own with `start_server`.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import re
@@ -20,6 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -483,6 +485,37 @@ def assert_error(response: requests.Response, status: int) -> dict[str, Any]:
     assert isinstance(error["message"], str) and error["message"], error
     assert isinstance(error["type"], str) and error["type"], error
     return error
+
+
+@contextlib.contextmanager
+def files_site(files: list[bytes], suffix: str) -> Iterator[str]:
+    """A plain HTTP server on loopback answering `/<i><suffix>` with `files[i]` (404 for
+    any other path); yields its base URL."""
+    import http.server
+    import threading
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (the stdlib's name)
+            index = self.path.strip("/").removesuffix(suffix)
+            if not index.isdigit() or int(index) >= len(files):
+                self.send_error(404)
+                return
+            body = files[int(index)]
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    site = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=site.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{site.server_address[1]}"
+    finally:
+        site.shutdown()
+        site.server_close()
 
 
 def make_sentences(count: int = 240, seed: int = 1234) -> list[str]:

@@ -14,7 +14,7 @@ import random
 import numpy as np
 import pytest
 
-from tests.conftest import assert_error
+from tests.conftest import assert_error, files_site
 from tests.tiny_models import save_tiny_clip, save_tiny_siglip, scoring_text
 
 pytestmark = pytest.mark.timeout(300)
@@ -244,28 +244,8 @@ def test_a_bad_image_fails_its_own_request_and_the_next_is_served(server, item, 
 @pytest.fixture(scope="module")
 def image_site():
     """A plain HTTP server on loopback serving the test images, and a 404."""
-    import http.server
-    import threading
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 (the stdlib's name)
-            index = self.path.strip("/").removesuffix(".img")
-            if not index.isdigit() or int(index) >= len(IMAGES):
-                self.send_error(404)
-                return
-            body = IMAGES[int(index)]
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    site = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=site.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{site.server_address[1]}"
-    site.shutdown()
+    with files_site(IMAGES, ".img") as url:
+        yield url
 
 
 def test_images_by_url_and_by_data_uri_agree(server, folders, image_site):

@@ -378,3 +378,34 @@ def _fast_tokenizer(tokenizer: Tokenizer, model_max_length: int,  # noqa: ANN202
                                    cls_token="[CLS]", sep_token="[SEP]", mask_token="[MASK]",
                                    model_max_length=model_max_length,
                                    **({"model_input_names": model_input_names} if model_input_names else {}))
+
+
+# --- audio-text (CLAP) -------------------------------------------------------------------------
+
+CLAP_SAMPLING_RATE = 8000
+
+
+def save_tiny_clap(folder: Path, seed: int = 0, fusion: bool = False) -> Path:
+    """A CLAP of a 2-layer text tower (hidden 32, 40 positions) and a 2-stage audio tower
+    over 16-bin spectrograms of 1 s clips at 8 kHz, projections to 16; `fusion`: the fused
+    variant (its feature extractor's `fusion` truncation, 4-channel inputs). Its [PAD] is
+    the text tower's padding index, as CLAP's RoBERTa positions require."""
+    from transformers import ClapConfig, ClapFeatureExtractor, ClapModel, ClapProcessor
+
+    tokenizer = train_tokenizer()
+    config = ClapConfig(
+        text_config={"vocab_size": tokenizer.get_vocab_size(), "hidden_size": 32, "intermediate_size": 64,
+                     "num_hidden_layers": 2, "num_attention_heads": 2, "max_position_embeddings": 40,
+                     "projection_dim": 16, "pad_token_id": tokenizer.token_to_id("[PAD]"),
+                     "bos_token_id": tokenizer.token_to_id("[CLS]"), "eos_token_id": tokenizer.token_to_id("[SEP]")},
+        audio_config={"num_mel_bins": 16, "spec_size": 64, "window_size": 4, "patch_size": 4, "depths": [1, 1],
+                      "num_attention_heads": [1, 2], "patch_embeds_hidden_size": 16, "hidden_size": 32,
+                      "projection_dim": 16, "enable_fusion": fusion},
+        projection_dim=16)
+    torch.manual_seed(seed)
+    ClapModel(config).eval().save_pretrained(folder)
+    extractor = ClapFeatureExtractor(feature_size=16, sampling_rate=CLAP_SAMPLING_RATE, hop_length=160,
+                                     max_length_s=1, fft_window_size=256, frequency_max=4000,
+                                     truncation="fusion" if fusion else "rand_trunc")
+    ClapProcessor(feature_extractor=extractor, tokenizer=_fast_tokenizer(tokenizer, 38)).save_pretrained(folder)
+    return folder

@@ -76,12 +76,14 @@ class Item:
     arrived: float  # the scheduler's clock when it was queued
     attended: np.ndarray | None = None  # int8 per token: the encoder attends to it (None: all)
     read: np.ndarray | None = None  # int8 per token: the head reads its state (None: all)
-    pixels: np.ndarray | None = None  # an image for a vision tower (channels, height, width), instead of ids
-    patches: int = 0  # an image's patches: its cost, in tokens' worth
+    # A media item for a media tower instead of ids (an image's pixels, a clip's
+    # spectrogram), and its cost in tokens' worth (an image's patches, a clip's frames).
+    features: np.ndarray | None = None
+    media_cost: int = 0
 
     @property
     def length(self) -> int:
-        return self.patches if self.pixels is not None else len(self.ids)
+        return self.media_cost if self.features is not None else len(self.ids)
 
 
 @dataclass
@@ -96,7 +98,7 @@ class Batch:
     # (n, longest) int64: the tokens whose states the head reads, where that is not the
     # attention mask (ColBERT's query expansion, skipped tokens); None: it is.
     read_mask: np.ndarray | None = None
-    pixel_values: np.ndarray | None = None  # (n, channels, height, width): a batch of images, not of tokens
+    features: np.ndarray | None = None  # (n, ...): a batch of media items (images, clips), not of tokens
 
 
 @dataclass
@@ -186,17 +188,17 @@ class Scheduler:
             self._wakeup.notify()
             self._express_wakeup.notify()
 
-    def submit_images(self, request_id: int, queue: str, pixels: np.ndarray, patches: list[int],
-                      slots: list[int]) -> None:
-        """Queue a request's images ((n, channels, height, width) `pixels`) on an image
-        queue (`image_queue`), each costing its `patches`."""
+    def submit_media(self, request_id: int, queue: str, features: np.ndarray, costs: list[int],
+                     slots: list[int]) -> None:
+        """Queue a request's media items (`features`, one row each) on a media queue
+        (`media_queue`), each costing its `costs` entry."""
         arrived = self._clock()
         no_ids = np.zeros(0, dtype=np.int32)
         with self._lock:
             request = PendingRequest(request_id, queue, len(slots))
             self._requests[request_id] = request
-            for image, cost, slot in zip(pixels, patches, slots, strict=True):
-                item = Item(request, slot, no_ids, None, next(self._seq), arrived, pixels=image, patches=cost)
+            for row, cost, slot in zip(features, costs, slots, strict=True):
+                item = Item(request, slot, no_ids, None, next(self._seq), arrived, features=row, media_cost=cost)
                 bisect.insort(self._queues[queue].by_length, (item.length, item.seq, item), key=_sort_key)
             self._wakeup.notify()
 
@@ -412,24 +414,24 @@ def _group_of(index: int, groups: list[tuple[int, int]]) -> tuple[int, int]:
     return next(group for group in groups if group[0] <= index <= group[1])
 
 
-def image_queue(model: str) -> str:
-    """The queue of a two-tower model's images, beside the queue of its texts (`model`)."""
-    return f"{model}{_IMAGES}"
+def media_queue(model: str) -> str:
+    """The queue of a two-tower model's media (images, clips), beside the queue of its texts (`model`)."""
+    return f"{model}{_MEDIA}"
 
 
 def queue_model(queue: str) -> str:
-    """The model a queue's batches run (`image_queue`'s inverse)."""
-    return queue.removesuffix(_IMAGES)
+    """The model a queue's batches run (`media_queue`'s inverse)."""
+    return queue.removesuffix(_MEDIA)
 
 
-_IMAGES = "#images"
+_MEDIA = "#media"
 
 
 def _pad(model: str, items: list[Item], pad_id: int, wide: bool = False, express: bool = False) -> Batch:
-    if items[0].pixels is not None:
+    if items[0].features is not None:
         nothing = np.zeros((len(items), 0), dtype=np.int64)
         return Batch(model, items, nothing, nothing, nothing, wide, express,
-                     pixel_values=np.stack([i.pixels for i in items]))
+                     features=np.stack([i.features for i in items]))
     longest = max(item.length for item in items)
     input_ids = np.full((len(items), longest), pad_id, dtype=np.int64)
     attention_mask = np.zeros((len(items), longest), dtype=np.int64)

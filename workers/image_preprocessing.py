@@ -2,7 +2,7 @@
 each item decoded (`workers.images`: a data: URI or fetched bytes, with the server's
 limits) and run through the folder's own image processor (resize, crop, normalise, as
 transformers does for the reference), into one float32 array sent to the inference
-process."""
+process. An image costs the batcher its patches."""
 
 from __future__ import annotations
 
@@ -14,28 +14,40 @@ import numpy as np
 from infinity.shared import protocol
 from infinity.shared.folders import image_patches
 from infinity.shared.protocol import ModelSpec
-from workers.images import ImageLimits, data_uri_bytes, decode_image
+from workers.images import ImageLimits, decode_image
+from workers.media_towers import item_bytes
 
 
-class ImagePreprocessor:
-    def __init__(self, spec: ModelSpec, limits: ImageLimits) -> None:
+class Preprocessor:
+    def __init__(self, spec: ModelSpec, args: protocol.WorkerArgs) -> None:
         from transformers import AutoImageProcessor
 
         self._processor = AutoImageProcessor.from_pretrained(spec.path)
-        self._patches = image_patches(json.loads((Path(spec.path) / "config.json").read_text()))
-        self._limits = limits
+        self._patches = image_patches(_config(spec))
+        self._limits = ImageLimits(args.max_image_bytes, args.max_image_pixels)
 
     def prepare(self, request: protocol.Tokenize) -> protocol.Tokenized:
         """The answer to a `Tokenize` of images: their pixels, and their patches as lengths."""
         images, infos = [], []
-        for i, item in enumerate(request.images or []):
+        for i, item in enumerate(request.media or []):
             name = f"input[{i}]"
-            data = (data_uri_bytes(item.decode("ascii", "replace"), name, self._limits.max_bytes)
-                    if item.startswith(b"data:") else item)
-            image, info = decode_image(data, name, self._limits)
+            image, info = decode_image(item_bytes(item, name, self._limits.max_bytes, "image"), name, self._limits)
             images.append(image)
             infos.append(info)
         pixels = np.ascontiguousarray(self._processor(images=images, return_tensors="np")["pixel_values"],
                                       dtype=np.float32)
         return protocol.Tokenized(request.request_id, b"", [self._patches] * len(images), 0,
-                                  pixels=pixels.tobytes(), pixel_shape=list(pixels.shape), image_info=infos)
+                                  features=pixels.tobytes(), feature_shape=list(pixels.shape), image_info=infos)
+
+
+def example_features(spec: ModelSpec, count: int) -> tuple[np.ndarray, int]:
+    """`count` blank images as the vision tower takes them, and an image's patches."""
+    config = _config(spec)
+    vision = config["vision_config"]
+    side = int(vision["image_size"])
+    pixels = np.zeros((count, int(vision.get("num_channels", 3)), side, side), dtype=np.float32)
+    return pixels, image_patches(config)
+
+
+def _config(spec: ModelSpec) -> dict:
+    return json.loads((Path(spec.path) / "config.json").read_text())

@@ -1,14 +1,10 @@
 """Images a client sent, decoded in the preprocessing processes (never in the front end's
-event loop nor beside the model): a data: URI's strict base64, then Pillow with an
-allow-list of formats and the limits checked before any pixel is decoded. Every failure
+event loop nor beside the model): Pillow with an allow-list of formats and the limits checked before any pixel is decoded. Every failure
 is the client's (`InputError`, naming the item), and fails its own request only."""
 
 from __future__ import annotations
 
-import base64
-import binascii
 import io
-import re
 import warnings
 from dataclasses import dataclass
 
@@ -20,30 +16,12 @@ from workers.tokenization import InputError
 # Formats decoded; others (EPS shells out to Ghostscript, for one) are refused unread.
 FORMATS = ("JPEG", "PNG", "WEBP", "GIF", "BMP", "TIFF", "AVIF")
 MIN_SIDE = 3  # pixels; smaller images are refused, as infinity refuses them
-_DATA_URI = re.compile(r"data:(?P<mime>[\w.+-]+/[\w.+-]+)?(?P<params>(;[\w.+-]+=[^;,]*)*);base64,", re.ASCII)
 
 
 @dataclass(frozen=True)
 class ImageLimits:
     max_bytes: int
     max_pixels: int
-
-
-def data_uri_bytes(uri: str, item: str, max_bytes: int, media_type: str = "image") -> bytes:
-    """The bytes of a base64 data: URI of `media_type` ("data:image/png;base64,...")."""
-    match = _DATA_URI.match(uri)
-    if match is None:
-        raise InputError(f"{item} is not a base64 data: URI (data:{media_type}/...;base64,...) nor an http(s) URL")
-    mime = match["mime"] or ""
-    if mime.split("/")[0] != media_type:
-        raise InputError(f"{item} is a data: URI of type {mime or 'none'!r}, not {media_type}/*")
-    payload = uri[match.end():]
-    if len(payload) // 4 * 3 > max_bytes:
-        raise InputError(f"{item} holds more than {max_bytes} bytes, the most this server takes of one item")
-    try:
-        return base64.b64decode(payload, validate=True)
-    except (binascii.Error, ValueError):
-        raise InputError(f"{item}: the data: URI's base64 is not valid") from None
 
 
 def decode_image(data: bytes, item: str, limits: ImageLimits) -> tuple[Image.Image, ImageInfo]:

@@ -24,13 +24,13 @@ import zmq
 from numpy.lib.format import dtype_to_descr
 
 from infinity.shared import devices, protocol
-from infinity.shared.folders import image_patches
 from infinity.shared.protocol import ModelSpec
 from infinity.shared.shm import Arena, SharedMemoryTooSmall
-from workers.batching import Batch, Scheduler, image_queue, queue_model
+from workers.batching import Batch, Scheduler, media_queue, queue_model
 from workers.engines import set_torch_threads
-from workers.engines.base import best_seconds, model_config
+from workers.engines.base import best_seconds
 from workers.heads import LoadedModel, load_model
+from workers.media_towers import media_module
 from workers.process import LAST_MESSAGE_LINGER_MS, start_child
 
 log = logging.getLogger(__name__)
@@ -53,8 +53,8 @@ def serve(args: protocol.WorkerArgs, context: zmq.Context, inbox: zmq.Socket, to
         models = {spec.name: load(spec, args.threads) for spec in args.models}
         set_torch_threads([model.engine for model in models.values()], args.threads)
         costs = {spec.name: _warm_up(models[spec.name], spec.max_length) for spec in args.models}
-        image_costs = {spec.name: _warm_up_images(models[spec.name], model_config(spec))
-                       for spec in args.models if spec.kind == "image_text"}
+        media_costs = {spec.name: _warm_up_media(models[spec.name], spec)
+                       for spec in args.models if media_module(spec.kind) is not None}
         # A model whose outputs vary in size sends them with `Done`: its arena is empty.
         arenas = {spec.name: Arena(_arena_name(args, spec.name), args.arena_slots,
                                    0 if models[spec.name].head.ragged else models[spec.name].head.dim, create=True)
@@ -67,16 +67,16 @@ def serve(args: protocol.WorkerArgs, context: zmq.Context, inbox: zmq.Socket, to
         to_front.send(protocol.encode(protocol.StartupFailed(args.name, f"{type(exc).__name__}: {exc}")))
         return
     scheduler = Scheduler()
-    # Each queue's model and arena: a model's texts, and a two-tower model's images apart.
+    # Each queue's model and arena: a model's texts, and a two-tower model's media apart.
     by_queue = {spec.name: (models[spec.name], arenas[spec.name]) for spec in args.models}
     for spec in args.models:
         engine = models[spec.name].engine
         scheduler.add_model(spec.name, spec.max_batch_tokens, spec.max_batch_size, engine.pad_id,
                             *costs[spec.name], engine.lanes, engine.widens, engine.express)
-        if spec.name in image_costs:
-            scheduler.add_model(image_queue(spec.name), spec.max_batch_tokens, spec.max_batch_size, engine.pad_id,
-                                *image_costs[spec.name])
-            by_queue[image_queue(spec.name)] = by_queue[spec.name]
+        if spec.name in media_costs:
+            scheduler.add_model(media_queue(spec.name), spec.max_batch_tokens, spec.max_batch_size, engine.pad_id,
+                                *media_costs[spec.name])
+            by_queue[media_queue(spec.name)] = by_queue[spec.name]
     threading.Thread(target=_guarded, args=(_receive, context, args, inbox, scheduler), daemon=True,
                      name="receiver").start()
     sender = _Sender(to_front)
@@ -102,21 +102,15 @@ def _arena_name(args: protocol.WorkerArgs, model: str) -> str:
 MIXED_SHORT = 15  # short inputs next to the long one in the warm-up's mixed batch
 
 
-def _warm_up_images(model: LoadedModel, config: dict) -> tuple[float, float]:
-    """Run batches of one and four images (so the first requests pay no one-time costs)
-    and return the image queue's cost model: the fixed cost of a pass in patches' worth
-    (images of a model are all alike, so there is no padding to price)."""
-    vision = config["vision_config"]
-    side = int(vision["image_size"])
-    patches = image_patches(config)
-
-    def forward(count: int) -> Callable[[], object]:
-        pixels = np.zeros((count, int(vision.get("num_channels", 3)), side, side), dtype=np.float32)
-        return lambda: model.forward_images(pixels)
-
-    one, four = best_seconds([forward(1), forward(4)])
-    per_patch = max((four - one) / (3 * patches), 1e-9)
-    return min(max(one / per_patch - patches, 4.0), 1024.0), 1.0
+def _warm_up_media(model: LoadedModel, spec: ModelSpec) -> tuple[float, float]:
+    """Run batches of one and four media items (so the first requests pay no one-time
+    costs) and return the media queue's cost model: the fixed cost of a pass in items'
+    cost units (an image's patches, a clip's frames; a model's items are all alike, so
+    there is no padding to price)."""
+    example, cost = media_module(spec.kind).example_features(spec, 4)
+    one, four = best_seconds([lambda: model.forward_media(example[:1]), lambda: model.forward_media(example)])
+    per_unit = max((four - one) / (3 * cost), 1e-9)
+    return min(max(one / per_unit - cost, 4.0), 1024.0), 1.0
 
 
 def _warm_up(model: LoadedModel, max_length: int) -> tuple[float, float]:
@@ -185,8 +179,8 @@ def _run(batch: Batch, model: LoadedModel, arena: Arena, scheduler: Scheduler, s
     log.debug("batch of %d inputs, %d x %d tokens", len(batch.items), *batch.input_ids.shape)
     start = time.monotonic()  # the scheduler's clock
     try:
-        if batch.pixel_values is not None:
-            vectors = model.forward_images(batch.pixel_values)
+        if batch.features is not None:
+            vectors = model.forward_media(batch.features)
         else:
             vectors = model.forward(batch.input_ids, batch.attention_mask, batch.token_type_ids, wide=batch.wide,
                                     read_mask=batch.read_mask, express=batch.express)
@@ -200,7 +194,7 @@ def _run(batch: Batch, model: LoadedModel, arena: Arena, scheduler: Scheduler, s
         else:
             arena.rows[[item.slot for item in batch.items]] = vectors
         finished = scheduler.finish(batch)
-        tokens = sum(item.patches for item in batch.items) if batch.pixel_values is not None else batch.input_ids.size
+        tokens = sum(item.media_cost for item in batch.items) if batch.features is not None else batch.input_ids.size
         sender.send(protocol.BatchRan(queue_model(batch.model), len(batch.items), tokens,
                                       [start - item.arrived for item in batch.items], time.monotonic() - start))
     for request in finished:
@@ -238,9 +232,9 @@ def _receive(context: zmq.Context, args: protocol.WorkerArgs, inbox: zmq.Socket,
     acks.connect(args.front_endpoint)
     while True:
         message = protocol.decode(inbox.recv())
-        if isinstance(message, protocol.Infer) and message.pixels is not None:
-            pixels = np.frombuffer(message.pixels, dtype=np.float32).reshape(message.pixel_shape)
-            scheduler.submit_images(message.request_id, image_queue(message.model), pixels, message.lengths,
+        if isinstance(message, protocol.Infer) and message.features is not None:
+            features = np.frombuffer(message.features, dtype=np.float32).reshape(message.feature_shape)
+            scheduler.submit_media(message.request_id, media_queue(message.model), features, message.lengths,
                                     message.slots)
         elif isinstance(message, protocol.Infer):
             ids = np.frombuffer(message.ids, dtype="<i4")

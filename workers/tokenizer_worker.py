@@ -1,5 +1,6 @@
 """Tokenizer process: turns `Tokenize` messages into `Tokenized` (or `Failed`, with the kind
-of error): texts into tokens, and a two-tower model's images into pixels."""
+of error): texts into tokens, and a two-tower model's media (images, audio) into its
+tower's input (workers/media_towers.py)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import os
 import zmq
 
 from infinity.shared import protocol
+from workers.media_towers import media_module
 from workers.process import LAST_MESSAGE_LINGER_MS, start_child
 from workers.tokenization import model_tokenizer, reply
 
@@ -23,17 +25,10 @@ def main(args: protocol.WorkerArgs) -> None:
         context.destroy(linger=LAST_MESSAGE_LINGER_MS)
 
 
-def _image_preprocessors(args: protocol.WorkerArgs) -> dict:
-    """The image preprocessor of each two-tower model. Pillow (the `images` extra) is
-    imported only where such a model is served."""
-    specs = [spec for spec in args.models if spec.kind == "image_text"]
-    if not specs:
-        return {}
-    from workers.image_preprocessing import ImagePreprocessor
-    from workers.images import ImageLimits
-
-    limits = ImageLimits(args.max_image_bytes, args.max_image_pixels)
-    return {spec.name: ImagePreprocessor(spec, limits) for spec in specs}
+def _media_preprocessors(args: protocol.WorkerArgs) -> dict:
+    """The media preprocessor of each two-tower model."""
+    modules = {spec.name: (spec, media_module(spec.kind)) for spec in args.models}
+    return {name: module.Preprocessor(spec, args) for name, (spec, module) in modules.items() if module is not None}
 
 
 def serve(args: protocol.WorkerArgs, inbox: zmq.Socket, to_front: zmq.Socket) -> None:
@@ -41,7 +36,7 @@ def serve(args: protocol.WorkerArgs, inbox: zmq.Socket, to_front: zmq.Socket) ->
     `Tokenize` messages until the process ends."""
     try:
         tokenizers = {spec.name: model_tokenizer(spec) for spec in args.models}
-        images = _image_preprocessors(args)
+        media = _media_preprocessors(args)
     except Exception as exc:
         log.exception("cannot load tokenizers")
         to_front.send(protocol.encode(protocol.StartupFailed(args.name, f"{type(exc).__name__}: {exc}")))
@@ -50,6 +45,6 @@ def serve(args: protocol.WorkerArgs, inbox: zmq.Socket, to_front: zmq.Socket) ->
     while True:
         request = protocol.decode(inbox.recv())
         assert isinstance(request, protocol.Tokenize)
-        preprocessor = images.get(request.model) if request.images is not None else None
+        preprocessor = media.get(request.model) if request.media is not None else None
         prepare = preprocessor.prepare if preprocessor is not None else tokenizers[request.model].tokenize
         to_front.send(protocol.encode(reply(prepare, request)))

@@ -29,8 +29,10 @@ MODEL_ERRORS = (400, 404, 408, 413, 415, 422, 429, 503)
 UNNAMED_MODEL = "default/not-specified"
 # What each model kind serves (in infinity's capability names), and where.
 KIND_CAPABILITIES = {"embed": ["embed"], "multivector": ["embed", "rerank"], "sparse": ["sparse"],
-                     "rerank": ["rerank"], "classify": ["classify"], "image_text": ["embed", "image_embed"]}
+                     "rerank": ["rerank"], "classify": ["classify"], "image_text": ["embed", "image_embed"],
+                     "audio_text": ["embed", "audio_embed"]}
 CAPABILITY_ROUTES = {"embed": "/v1/embeddings", "image_embed": "/v1/embeddings (modality image)",
+                     "audio_embed": "/v1/embeddings (modality audio)",
                      "sparse": "/v1/embed_sparse (and /v1/embeddings)",
                      "rerank": "/v1/rerank", "classify": "/v1/classify"}
 

@@ -18,15 +18,19 @@ from infinity.media_fetch import media_bytes
 from infinity.pipeline import Result
 from infinity.quantize import EmbeddingType, encode, encode_matrix
 from infinity.routes.common import CONFIG, FETCHER, MODEL_ERRORS, PIPELINE, Route, max_items, served_model, usage
-from infinity.schemas import (ApiVersion, BilledUnits, CohereEmbedRequest, CohereEmbedResponse, CohereImage,
-                              CohereMeta, EmbeddingData, EmbeddingRequest, EmbeddingResponse, ImagePart, InputTokens,
-                              ModelInputs, SparseEmbedding, SparseEmbedRequest, SparseEmbedResponse, SparseValue,
-                              TextPart, output_types, text_inputs, text_or_token_inputs)
+from infinity.schemas import (ApiVersion, AudioUrlPart, BilledUnits, CohereEmbedRequest,
+                              CohereEmbedResponse, CohereImage, CohereMeta, EmbeddingData, EmbeddingRequest,
+                              EmbeddingResponse, ImagePart, InputTokens, ModelInputs, SparseEmbedding,
+                              SparseEmbedRequest, SparseEmbedResponse, SparseValue, TextPart, output_types,
+                              text_inputs, text_or_token_inputs)
+from infinity.shared.media import MEDIUM_OF_KIND
 from infinity.topology import ServedModel
 
-OPENAI_KINDS = ("embed", "multivector", "sparse", "image_text")  # the model kinds each route serves
+# the model kinds each route serves
+OPENAI_KINDS = ("embed", "multivector", "sparse", "image_text", "audio_text")
 COHERE_KINDS = ("embed", "image_text")
 IMAGE_KINDS = ("image_text",)
+AUDIO_KINDS = ("audio_text",)
 SPARSE_KINDS = ("sparse",)
 
 
@@ -37,9 +41,10 @@ async def embeddings(request: web.Request, body: EmbeddingRequest) -> EmbeddingR
     body = _with_input(body)
     if body.modality == "text":
         inputs = text_or_token_inputs(body.input, max_items(request))
-    elif body.modality == "image" and model.spec.kind == "image_text":
-        inputs = ModelInputs(images=await media_bytes(request.app[FETCHER], body.input,
-                                                      request.app[CONFIG].media.max_image_bytes, max_items(request)))
+    elif body.modality == MEDIUM_OF_KIND.get(model.spec.kind):
+        inputs = ModelInputs(media=await media_bytes(request.app[FETCHER], body.input,
+                                                     request.app[CONFIG].media.max_bytes(body.modality),
+                                                     max_items(request)))
     else:
         # Not read as text: a data: URI or URL embedded as words would be a wrong vector.
         raise APIError(422, f"model '{model.spec.name}' does not embed {body.modality} inputs (it is of kind "
@@ -83,7 +88,7 @@ def _cohere_inputs(body: CohereEmbedRequest) -> tuple[list[str] | None, list[str
 
 def _with_input(body: EmbeddingRequest) -> EmbeddingRequest:
     """The request with its one input in `input`: vLLM's `messages` (one message of one
-    text, or of one image part) turned into `input` and `modality`."""
+    text, or of one image or audio part) turned into `input` and `modality`."""
     if body.messages is None:
         if body.input is None:
             raise APIError(422, "input is required (or vLLM's messages)", param="input")
@@ -93,18 +98,26 @@ def _with_input(body: EmbeddingRequest) -> EmbeddingRequest:
     parts = [part for message in body.messages
              for part in ([TextPart(message.content)] if isinstance(message.content, str) else message.content)]
     if len(parts) != 1:
-        raise APIError(422, f"messages must hold one text or one image: an embedding here is of one input (a two-tower "
-                            f"model embeds a text and an image apart, not together); these hold {len(parts)} parts",
-                       param="messages")
+        raise APIError(422, f"messages must hold one text, image or audio clip: an embedding here is of one input (a "
+                            f"two-tower model embeds a text and a medium apart, not together); these hold {len(parts)} "
+                            "parts", param="messages")
     (part,) = parts
     if isinstance(part, TextPart):
         return msgspec.structs.replace(body, input=[part.text], modality="text", messages=None)
-    return msgspec.structs.replace(body, input=[part.image_url.url], modality="image", messages=None)
+    if isinstance(part, ImagePart):
+        return msgspec.structs.replace(body, input=[part.image_url.url], modality="image", messages=None)
+    url = part.audio_url.url if isinstance(part, AudioUrlPart) else part.uri
+    return msgspec.structs.replace(body, input=[url], modality="audio", messages=None)
 
 
 async def embeddings_image(request: web.Request, body: EmbeddingRequest) -> EmbeddingResponse:
     """infinity's image route: OpenAI embeddings of images (data: URIs or URLs)."""
     return await embeddings(request, msgspec.structs.replace(body, modality="image"))
+
+
+async def embeddings_audio(request: web.Request, body: EmbeddingRequest) -> EmbeddingResponse:
+    """infinity's audio route: OpenAI embeddings of audio clips (data: URIs or URLs)."""
+    return await embeddings(request, msgspec.structs.replace(body, modality="audio"))
 
 
 async def cohere_embed(request: web.Request, body: CohereEmbedRequest) -> CohereEmbedResponse:
@@ -118,8 +131,8 @@ async def cohere_embed(request: web.Request, body: CohereEmbedRequest) -> Cohere
     if images is None:
         inputs = text_inputs(texts, max_items(request), "texts")
     elif model.spec.kind == "image_text":
-        inputs = ModelInputs(images=await media_bytes(request.app[FETCHER], images,
-                                                      request.app[CONFIG].media.max_image_bytes, max_items(request)))
+        inputs = ModelInputs(media=await media_bytes(request.app[FETCHER], images,
+                                                     request.app[CONFIG].media.max_image_bytes, max_items(request)))
     else:
         raise APIError(422, f"model '{model.spec.name}' does not embed images (it is of kind '{model.spec.kind}')",
                        param="images")
@@ -249,6 +262,9 @@ ROUTES = [
     Route(openapi.Operation("post", "/embeddings_image", (), "Embed images given as data: URIs or URLs (infinity)",
                             EmbeddingRequest, EmbeddingResponse, MODEL_ERRORS, IMAGE_KINDS, media=True),
           embeddings_image),
+    Route(openapi.Operation("post", "/embeddings_audio", (), "Embed audio clips given as data: URIs or URLs (infinity)",
+                            EmbeddingRequest, EmbeddingResponse, MODEL_ERRORS, AUDIO_KINDS, media=True),
+          embeddings_audio),
     Route(openapi.Operation("post", "/v1/embed", ("/embed", "/v2/embed"), "Embed texts (Cohere v1 and v2)",
                             CohereEmbedRequest, CohereEmbedResponse, MODEL_ERRORS, COHERE_KINDS), cohere_embed),
     Route(openapi.Operation("post", "/v1/embed_sparse", ("/embed_sparse",),

@@ -98,9 +98,11 @@ class WorkerArgs(msgspec.Struct, frozen=True):
     arena_prefix: str
     arena_slots: int
     log_level: str
-    # What one image may be (`[media]`), checked in the tokenizer processes that decode them.
+    # What one media item may be (`[media]`), checked in the tokenizer processes that decode them.
     max_image_bytes: int = 10 * 1024 * 1024
     max_image_pixels: int = 40_000_000
+    max_audio_bytes: int = 25 * 1024 * 1024
+    max_audio_seconds: float = 60.0
 
 
 class ModelInfo(msgspec.Struct, frozen=True, array_like=True):
@@ -134,9 +136,10 @@ class Tokenize(msgspec.Struct, tag=True, array_like=True):
     token_ids: list[list[int]] | None = None
     query: str | None = None
     task: str | None = None
-    # Images instead of text: each the bytes fetched from a URL, or a data: URI's ASCII
-    # bytes (no image file starts with "data:"); decoded in the tokenizer process.
-    images: list[bytes] | None = None
+    # Media instead of text (images, audio: the one a two-tower model takes beside text):
+    # each the bytes fetched from a URL, or a data: URI's ASCII bytes (no image or audio
+    # file starts with "data:"); decoded in the tokenizer process.
+    media: list[bytes] | None = None
 
 
 class TokenMasks(msgspec.Struct, array_like=True):
@@ -170,10 +173,11 @@ class Tokenized(msgspec.Struct, tag=True, array_like=True):
     type_ids: bytes | None = None
     masks: TokenMasks | None = None
     added: int = 0  # tokens added by query expansion: in `lengths`, not billed
-    # Images ready for the vision tower (float32, C order, of `pixel_shape`: images, channels,
-    # height, width); `lengths` then holds each image's patches and `ids` is empty.
-    pixels: bytes | None = None
-    pixel_shape: list[int] | None = None
+    # Media ready for the model's media tower (float32, C order, of `feature_shape`, one row
+    # per item: an image's pixels, a clip's spectrogram); `lengths` then holds each item's
+    # cost (an image's patches, a clip's spectrogram frames) and `ids` is empty.
+    features: bytes | None = None
+    feature_shape: list[int] | None = None
     image_info: list[ImageInfo] | None = None  # each image as it was sent
 
 
@@ -188,8 +192,8 @@ class Infer(msgspec.Struct, tag=True, array_like=True):
     slots: list[int]
     type_ids: bytes | None = None
     masks: TokenMasks | None = None
-    pixels: bytes | None = None  # as in `Tokenized`
-    pixel_shape: list[int] | None = None
+    features: bytes | None = None  # as in `Tokenized`
+    feature_shape: list[int] | None = None
 
 
 class Cancel(msgspec.Struct, tag=True, array_like=True):

@@ -238,8 +238,8 @@ class OnnxEngine:
         return torch.from_numpy(output)
 
     @torch.inference_mode()
-    def forward_images(self, pixels: np.ndarray) -> torch.Tensor:
+    def forward_media(self, features: np.ndarray) -> torch.Tensor:
         """A two-tower model's vision tower: (n, channels, height, width) float32 images ->
         (n, dim), its projected pooled output."""
-        (output,) = self._vision.run(None, {"pixel_values": pixels})
+        (output,) = self._vision.run(None, {"pixel_values": features})
         return torch.from_numpy(output)

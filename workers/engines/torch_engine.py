@@ -66,10 +66,14 @@ class TorchEngine:
         return hidden if self._output is RawOutput.TOKEN_STATES else self._head(self._model, hidden)
 
     @torch.inference_mode()
-    def forward_images(self, pixels: np.ndarray) -> torch.Tensor:
-        """A two-tower model's vision tower: (n, channels, height, width) float32 images ->
-        (n, dim), its projected pooled output."""
-        values = torch.from_numpy(pixels).to(self._device, dtype=next(self._model.parameters()).dtype)
+    def forward_media(self, features: np.ndarray) -> torch.Tensor:
+        """A two-tower model's media tower: (n, ...) float32 images' pixels or clips'
+        spectrograms -> (n, dim), its projected pooled output."""
+        values = torch.from_numpy(features).to(self._device, dtype=next(self._model.parameters()).dtype)
+        if hasattr(self._model, "get_audio_features"):
+            # Clips are cut to the window in preprocessing: none is longer, nothing to fuse.
+            longer = torch.zeros((len(values), 1), dtype=torch.bool, device=self._device)
+            return self._model.get_audio_features(input_features=values, is_longer=longer).pooler_output
         return self._model.get_image_features(pixel_values=values).pooler_output
 
     def _padded(self, ids: torch.Tensor, mask: torch.Tensor, types: torch.Tensor) -> torch.Tensor:

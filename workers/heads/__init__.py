@@ -22,7 +22,8 @@ HEADS = {
     "classify": "workers.heads.scores:ClassScores",
     "multivector": "workers.heads.multivector:TokenVectors",
     "sparse": "workers.heads.sparse:SparseWeights",
-    "image_text": "workers.heads.image_text:TowerEmbedding",
+    "image_text": "workers.heads.two_tower:TowerEmbedding",
+    "audio_text": "workers.heads.two_tower:TowerEmbedding",
 }
 
 
@@ -49,11 +50,11 @@ class LoadedModel:
         return self.head(raw, torch.from_numpy(attention_mask if read_mask is None else read_mask).to(raw.device))
 
     @torch.inference_mode()
-    def forward_images(self, pixels: np.ndarray) -> np.ndarray:
-        """(n, channels, height, width) float32 images -> the head's output (a two-tower
-        model's image vectors)."""
-        raw = self.engine.forward_images(pixels)
-        return self.head(raw, torch.ones((len(pixels), 1), dtype=torch.int64, device=raw.device))
+    def forward_media(self, features: np.ndarray) -> np.ndarray:
+        """(n, ...) float32 media features (images' pixels, clips' spectrograms) -> the
+        head's output (a two-tower model's image or audio vectors)."""
+        raw = self.engine.forward_media(features)
+        return self.head(raw, torch.ones((len(features), 1), dtype=torch.int64, device=raw.device))
 
 
 def load_model(spec: ModelSpec, threads: int) -> LoadedModel:

@@ -1,7 +1,7 @@
-"""The head of two-tower models (`kind = "image_text"`: CLIP, SigLIP): the tower's own
-projected vector, L2-normalised unless the model's entry says `normalize = false` (as
-CLIP's `text_embeds` and infinity normalise; sentence-transformers leaves them as they
-are)."""
+"""The head of two-tower models (`kind = "image_text"`: CLIP, SigLIP; `"audio_text"`:
+CLAP): the tower's own projected vector, L2-normalised unless the model's entry says
+`normalize = false` (as CLIP's `text_embeds` and infinity normalise; sentence-transformers
+leaves them as they are; CLAP's towers normalise their own)."""
 
 from __future__ import annotations
 

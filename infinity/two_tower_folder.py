@@ -1,5 +1,6 @@
-"""Image-text (two-tower) model folders, CLIP and SigLIP and their relatives: which folders
-are one, and how their text must be tokenized to give the model's own vectors. CLIP pools
+"""Two-tower model folders, a text tower beside a medium's: image-text (CLIP, SigLIP and
+their relatives) and audio-text (CLAP). Which folders are one, and how their text must be
+tokenized to give the model's own vectors. CLIP pools
 its text at the tokenizer's end-of-text token, so a tokenizer that never emits the id the
 model pools at would give every text the same vector: refused at start. SigLIP was
 trained on texts padded to its full length and pools the last position, so its texts
@@ -25,8 +26,21 @@ FULL_LENGTH_TEXT = ("siglip", "siglip2")
 LEGACY_CLIP_EOS = 2
 
 
+# Audio-text families, by config.json's model_type.
+AUDIO_TEXT_FAMILIES = ("clap",)
+
+
 def is_image_text(config: dict) -> bool:
     return config.get("model_type") in IMAGE_TEXT_FAMILIES and "text_config" in config and "vision_config" in config
+
+
+def is_audio_text(config: dict) -> bool:
+    return config.get("model_type") in AUDIO_TEXT_FAMILIES and "text_config" in config and "audio_config" in config
+
+
+def two_tower_kind(config: dict) -> str | None:
+    """"image_text", "audio_text", or None for a folder that is neither."""
+    return "image_text" if is_image_text(config) else "audio_text" if is_audio_text(config) else None
 
 
 def text_tasks(name: str, folder: Path, config: dict) -> dict[str, TaskEncoding]:

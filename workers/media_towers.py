@@ -1,0 +1,51 @@
+"""The module that prepares each medium a two-tower model takes beside text
+(`infinity.shared.media.MEDIUM_OF_KIND`). Each has `Preprocessor(spec, args)`, run in the
+tokenizer processes (an item's bytes to its tower's input, with the server's limits),
+and `example_features(spec, count)`, the inference process's warm-up batch of `count`
+items and what one item costs the batcher. A new medium is one module plus one line here."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import importlib
+import re
+from types import ModuleType
+
+from infinity.shared.media import MEDIUM_OF_KIND
+from workers.tokenization import InputError
+
+MODULES = {"image": "workers.image_preprocessing", "audio": "workers.audio_preprocessing"}
+_DATA_URI = re.compile(r"data:(?P<mime>[\w.+-]+/[\w.+-]+)?(?P<params>(;[\w.+-]+=[^;,]*)*);base64,", re.ASCII)
+
+
+def media_module(kind: str) -> ModuleType | None:
+    """The module preparing the medium of model kind `kind`; None for text-only kinds.
+    Imported lazily: Pillow or soundfile only where a model takes their medium."""
+    medium = MEDIUM_OF_KIND.get(kind)
+    return None if medium is None else importlib.import_module(MODULES[medium])
+
+
+def item_bytes(item: bytes, name: str, max_bytes: int, medium: str) -> bytes:
+    """The file bytes of a media item: a data: URI's payload of `medium`, or the bytes
+    fetched from its URL (no image or audio file starts with "data:")."""
+    if item.startswith(b"data:"):
+        return data_uri_bytes(item.decode("ascii", "replace"), name, max_bytes, medium)
+    return item
+
+
+def data_uri_bytes(uri: str, item: str, max_bytes: int, media_type: str = "image") -> bytes:
+    """The bytes of a base64 data: URI of `media_type` ("data:image/png;base64,...")."""
+    match = _DATA_URI.match(uri)
+    if match is None:
+        raise InputError(f"{item} is not a base64 data: URI (data:{media_type}/...;base64,...) nor an http(s) URL")
+    mime = match["mime"] or ""
+    if mime.split("/")[0] != media_type:
+        raise InputError(f"{item} is a data: URI of type {mime or 'none'!r}, not {media_type}/*")
+    payload = uri[match.end():]
+    if len(payload) // 4 * 3 > max_bytes:
+        raise InputError(f"{item} holds more than {max_bytes} bytes, the most this server takes of one item")
+    try:
+        return base64.b64decode(payload, validate=True)
+    except (binascii.Error, ValueError):
+        raise InputError(f"{item}: the data: URI's base64 is not valid") from None
