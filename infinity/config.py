@@ -22,7 +22,8 @@ DEFAULT_MODEL_SOURCE = "default"
 DEFAULT_MODEL_NAME = "all-MiniLM-L6-v2"
 
 Pooling = Literal["mean", "cls", "lasttoken"]
-ModelKind = Literal["auto", "embed", "rerank", "classify", "multivector", "sparse", "image_text", "audio_text"]
+ModelKind = Literal["auto", "embed", "rerank", "classify", "multivector", "sparse", "image_text", "audio_text",
+                    "image_multivector"]
 
 
 class ConfigError(ValueError):

@@ -21,6 +21,7 @@ import msgspec
 from infinity.config import DEFAULT_MODEL_SOURCE, ConfigError, ModelConfig
 from infinity.shared import devices
 from infinity.shared.folders import CTRANSLATE2_FAMILIES, cache_dir, num_labels
+from infinity.page_retrieval_folder import is_page_retrieval, refuse_unserved
 from infinity.two_tower_folder import AUDIO_TEXT_FAMILIES, IMAGE_TEXT_FAMILIES, text_tasks, two_tower_kind
 from infinity.multivector_folder import is_multivector, read_folder
 from infinity.shared.protocol import ModelSpec, TaskEncoding
@@ -49,6 +50,11 @@ def resolve_model(model: ModelConfig) -> ModelSpec:
     pooling = model.pooling or _pooling_from_folder(folder, modules) or "mean"
     kind = _detect_kind(folder, transformer_dir, modules) if model.kind == "auto" else model.kind
     config = json.loads((transformer_dir / "config.json").read_text())
+    if kind == "image_multivector":
+        if not is_page_retrieval(transformer_dir, config):
+            raise ConfigError(f"model '{model.name}': kind = \"image_multivector\" needs a page-retrieval folder "
+                              f"(ColPali); {transformer_dir} is {config.get('model_type')}")
+        refuse_unserved(model.name, transformer_dir, config)
     if kind in ("image_text", "audio_text") and two_tower_kind(config) != kind:
         families = IMAGE_TEXT_FAMILIES if kind == "image_text" else AUDIO_TEXT_FAMILIES
         raise ConfigError(f"model '{model.name}': kind = \"{kind}\" needs a two-tower folder "
@@ -87,7 +93,8 @@ def resolve_model(model: ModelConfig) -> ModelSpec:
 def _detect_kind(folder: Path, transformer_dir: Path, modules: dict[str, str]) -> str:
     """A multi-vector (ColBERT) folder gives a vector per token, a SparseEncoder folder
     (SPLADE) a sparse vector over the vocabulary, a two-tower folder (CLIP, SigLIP,
-    CLAP) a vector per text, image or clip; a sequence-classification head with one
+    CLAP) a vector per text, image or clip, a page-retrieval folder (ColPali) a vector
+    per token of a text query or a page image; a sequence-classification head with one
     label reranks, with several it classifies (whether saved by transformers or by
     sentence-transformers' CrossEncoder); any other encoder embeds (a plain
     masked-language-model folder too: `kind = "sparse"` serves it as SPLADE)."""
@@ -98,6 +105,8 @@ def _detect_kind(folder: Path, transformer_dir: Path, modules: dict[str, str]) -
         return "sparse"
     if two_tower_kind(config):
         return two_tower_kind(config)
+    if is_page_retrieval(transformer_dir, config):
+        return "image_multivector"
     if any(a.endswith("ForSequenceClassification") for a in config.get("architectures") or []):
         return "rerank" if num_labels(config) == 1 else "classify"
     return "embed"
@@ -125,13 +134,15 @@ def _engine(model: ModelConfig, kind: str, transformer_dir: Path, tasks: dict[st
     ctranslate2_lacks = ("the masked-language-model head a sparse model needs" if kind == "sparse"
                          else "a two-tower model's vision tower" if kind == "image_text"
                          else "a two-tower model's audio tower" if kind == "audio_text"
+                         else "a page-retrieval model's vision-language model" if kind == "image_multivector"
                          else "the query expansion tokens this model reads without attending to them"
                          if any(task.adds_unattended_tokens for task in tasks.values()) else None)
     if model.engine == "ctranslate2" and ctranslate2_lacks:
         raise ConfigError(f"model '{model.name}': the ctranslate2 engine cannot compute {ctranslate2_lacks}; "
                           "use engine = \"onnx\", \"torch\" or \"auto\"")
     # ONNX Runtime runs exported text and vision towers, no audio tower.
-    onnx_lacks = "a two-tower model's audio tower" if kind == "audio_text" else None
+    onnx_lacks = ("a two-tower model's audio tower" if kind == "audio_text"
+                  else "a page-retrieval model's vision-language model" if kind == "image_multivector" else None)
     if model.engine == "onnx" and onnx_lacks:
         raise ConfigError(f"model '{model.name}': the onnx engine cannot compute {onnx_lacks}; "
                           "use engine = \"torch\" or \"auto\"")

@@ -29,6 +29,7 @@ from infinity.config import MediaConfig, ServerConfig
 from infinity.errors import ServingError
 from infinity.schemas import ModelInputs
 from infinity.shared import protocol, shm
+from infinity.shared.media import PROCESSOR_TEXT_KINDS
 from infinity.shared.protocol import ModelSpec
 from infinity.supervisor import Child, Launch, spawn_process
 from infinity.topology import Replica, ServedModel, place
@@ -138,11 +139,11 @@ class Pipeline:
     @staticmethod
     def _inline_tokenizers(specs: list[ModelSpec]) -> dict[str, ModelTokenizer | TaskTokenizer]:
         """Front-end tokenizers for small requests; not for rerankers, whose pairs are never
-        small; a model whose tokenizer does not load here is left to the tokenizer processes
-        (which report why at start)."""
+        small, nor for models whose texts their processor encodes; a model whose tokenizer
+        does not load here is left to the tokenizer processes (which report why at start)."""
         tokenizers = {}
         for spec in specs:
-            if spec.kind == "rerank":
+            if spec.kind == "rerank" or spec.kind in PROCESSOR_TEXT_KINDS:
                 continue
             try:
                 tokenizers[spec.name] = model_tokenizer(spec)

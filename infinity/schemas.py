@@ -34,10 +34,13 @@ TextOrTokens = Annotated[Any, Meta(
     extra_json_schema=_TEXT_OR_TOKENS)]
 Query = Annotated[Any, Meta(description="The query each document is scored against", extra_json_schema=_TEXT)]
 Documents = Annotated[Any, Meta(
-    description="The documents to score: texts, or objects whose `text` is the document",
+    description="The documents to score: texts, or objects whose `text` is the document; for a page-retrieval "
+                "model, page images (data: URIs or URLs, or objects whose `content` is one image_url part)",
     extra_json_schema={"type": "array", "minItems": 1, "items": {"anyOf": [
         {"type": "string"},
-        {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}]}})]
+        {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]},
+        {"type": "object", "properties": {"content": {"type": "array", "minItems": 1, "maxItems": 1}},
+         "required": ["content"]}]}})]
 
 
 # Queries and documents, in OpenAI-style and in Cohere's names.
@@ -331,7 +334,8 @@ class ModelCard(Struct, kw_only=True):
     object: Literal["model"] = "model"
     owned_by: Literal["infinity"] = "infinity"
     created: int
-    kind: Literal["embed", "rerank", "classify", "multivector", "sparse", "image_text", "audio_text"]
+    kind: Literal["embed", "rerank", "classify", "multivector", "sparse", "image_text", "audio_text",
+                  "image_multivector"]
     capabilities: list[str]
     backend: str  # the engine of the first replica that loaded
     stats: ModelStats
@@ -590,6 +594,30 @@ _MAX_TOKEN_ID = 2**31 - 1  # token ids travel as int32
 
 def _is_token(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def page_documents(body: RerankRequest, max_items: int) -> list[str]:
+    """A page-retrieval rerank's query (checked) and documents as image data: URIs or URLs:
+    each a string, or `{"content": [{"type": "image_url", "image_url": {"url": ...}}]}`."""
+    if not isinstance(body.query, str) or not body.query:
+        raise APIError(422, "query must be a non-empty string", param="query")
+    documents = body.documents
+    if not isinstance(documents, list) or not documents:
+        raise APIError(422, "documents must be a non-empty list of page images", param="documents")
+    _check_count(len(documents), max_items, "documents")
+    urls = []
+    for i, document in enumerate(documents):
+        if isinstance(document, dict):
+            try:
+                (part,) = msgspec.convert(document.get("content"), list[ImagePart])
+                document = part.image_url.url
+            except (msgspec.ValidationError, ValueError, TypeError):
+                document = None
+        if not isinstance(document, str):
+            raise APIError(422, f"documents[{i}] must be a page image: a data: URI or URL, or an object whose "
+                                "content is one image_url part", param="documents")
+        urls.append(document)
+    return urls
 
 
 def rerank_inputs(body: RerankRequest, max_items: int) -> ModelInputs:

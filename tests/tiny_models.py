@@ -409,3 +409,29 @@ def save_tiny_clap(folder: Path, seed: int = 0, fusion: bool = False) -> Path:
                                      truncation="fusion" if fusion else "rand_trunc")
     ClapProcessor(feature_extractor=extractor, tokenizer=_fast_tokenizer(tokenizer, 38)).save_pretrained(folder)
     return folder
+
+
+# --- page retrieval (ColPali) ------------------------------------------------------------------
+
+def save_tiny_colpali(folder: Path, seed: int = 0) -> Path:
+    """A ColPali over a 2-layer Gemma (hidden 32) and a 2-layer SigLIP vision tower (32x32
+    pages in 8x8 patches: 16 image tokens), vectors of 16, with its processor, saved by
+    transformers. The processor is built first: it adds the image and location tokens,
+    and the model's vocabulary must be the tokenizer's length."""
+    from transformers import (ColPaliConfig, ColPaliForRetrieval, ColPaliProcessor, PaliGemmaConfig,
+                              SiglipImageProcessor)
+
+    image_processor = SiglipImageProcessor(size={"height": 32, "width": 32})
+    image_processor.image_seq_length = 16
+    processor = ColPaliProcessor(image_processor=image_processor, tokenizer=_fast_tokenizer(train_tokenizer(), 512))
+    vocabulary = len(processor.tokenizer)
+    vlm = PaliGemmaConfig(
+        text_config={"model_type": "gemma", "vocab_size": vocabulary, "hidden_size": 32, "intermediate_size": 64,
+                     "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 16},
+        vision_config={"model_type": "siglip_vision_model", "hidden_size": 32, "intermediate_size": 64,
+                       "num_hidden_layers": 2, "num_attention_heads": 2, "image_size": 32, "patch_size": 8},
+        image_token_index=processor.image_token_id, vocab_size=vocabulary, projection_dim=32, hidden_size=32)
+    torch.manual_seed(seed)
+    ColPaliForRetrieval(ColPaliConfig(vlm_config=vlm, embedding_dim=16)).eval().save_pretrained(folder)
+    processor.save_pretrained(folder)
+    return folder

@@ -20,6 +20,8 @@ from workers.media_towers import item_bytes
 
 
 class Preprocessor:
+    takes_text = False  # texts go to the model's tokenizer
+
     def __init__(self, spec: ModelSpec, args: protocol.WorkerArgs) -> None:
         self._extractor = _feature_extractor(spec)
         self._rate = int(self._extractor.sampling_rate)
@@ -36,11 +38,11 @@ class Preprocessor:
                                   features=features.tobytes(), feature_shape=list(features.shape))
 
 
-def example_features(spec: ModelSpec, count: int) -> tuple[np.ndarray, int]:
+def example_features(spec: ModelSpec, count: int) -> tuple[np.ndarray, int, None]:
     """`count` silent clips' spectrograms as the audio tower takes them, and a clip's frames."""
     extractor = _feature_extractor(spec)
     features = _spectrograms(extractor, [np.zeros(int(extractor.nb_max_samples), dtype=np.float32)] * count)
-    return features, features.shape[2]
+    return features, features.shape[2], None
 
 
 def _feature_extractor(spec: ModelSpec):  # noqa: ANN202 (transformers stays lazy)

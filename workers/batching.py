@@ -189,16 +189,21 @@ class Scheduler:
             self._express_wakeup.notify()
 
     def submit_media(self, request_id: int, queue: str, features: np.ndarray, costs: list[int],
-                     slots: list[int]) -> None:
+                     slots: list[int], ids: np.ndarray | None = None, type_ids: np.ndarray | None = None) -> None:
         """Queue a request's media items (`features`, one row each) on a media queue
-        (`media_queue`), each costing its `costs` entry."""
+        (`media_queue`), each costing its `costs` entry; a retrieval model's come with the
+        ids (and token types) of their prompts, concatenated, `costs` long each."""
         arrived = self._clock()
+        offsets = np.cumsum([0, *costs])
         no_ids = np.zeros(0, dtype=np.int32)
         with self._lock:
             request = PendingRequest(request_id, queue, len(slots))
             self._requests[request_id] = request
-            for row, cost, slot in zip(features, costs, slots, strict=True):
-                item = Item(request, slot, no_ids, None, next(self._seq), arrived, features=row, media_cost=cost)
+            for i, (row, cost, slot) in enumerate(zip(features, costs, slots, strict=True)):
+                part = slice(offsets[i], offsets[i + 1])
+                item = Item(request, slot, no_ids if ids is None else ids[part],
+                            None if type_ids is None else type_ids[part], next(self._seq), arrived,
+                            features=row, media_cost=cost)
                 bisect.insort(self._queues[queue].by_length, (item.length, item.seq, item), key=_sort_key)
             self._wakeup.notify()
 
@@ -428,10 +433,10 @@ _MEDIA = "#media"
 
 
 def _pad(model: str, items: list[Item], pad_id: int, wide: bool = False, express: bool = False) -> Batch:
-    if items[0].features is not None:
+    features = None if items[0].features is None else np.stack([i.features for i in items])
+    if features is not None and not len(items[0].ids):
         nothing = np.zeros((len(items), 0), dtype=np.int64)
-        return Batch(model, items, nothing, nothing, nothing, wide, express,
-                     features=np.stack([i.features for i in items]))
+        return Batch(model, items, nothing, nothing, nothing, wide, express, features=features)
     longest = max(item.length for item in items)
     input_ids = np.full((len(items), longest), pad_id, dtype=np.int64)
     attention_mask = np.zeros((len(items), longest), dtype=np.int64)
@@ -446,4 +451,4 @@ def _pad(model: str, items: list[Item], pad_id: int, wide: bool = False, express
             token_type_ids[row, :item.length] = item.type_ids
         if read_mask is not None:
             read_mask[row, :item.length] = 1 if item.read is None else item.read
-    return Batch(model, items, input_ids, attention_mask, token_type_ids, wide, express, read_mask)
+    return Batch(model, items, input_ids, attention_mask, token_type_ids, wide, express, read_mask, features)

@@ -19,6 +19,8 @@ from workers.media_towers import item_bytes
 
 
 class Preprocessor:
+    takes_text = False  # texts go to the model's tokenizer
+
     def __init__(self, spec: ModelSpec, args: protocol.WorkerArgs) -> None:
         from transformers import AutoImageProcessor
 
@@ -40,13 +42,13 @@ class Preprocessor:
                                   features=pixels.tobytes(), feature_shape=list(pixels.shape), image_info=infos)
 
 
-def example_features(spec: ModelSpec, count: int) -> tuple[np.ndarray, int]:
+def example_features(spec: ModelSpec, count: int) -> tuple[np.ndarray, int, None]:
     """`count` blank images as the vision tower takes them, and an image's patches."""
     config = _config(spec)
     vision = config["vision_config"]
     side = int(vision["image_size"])
     pixels = np.zeros((count, int(vision.get("num_channels", 3)), side, side), dtype=np.float32)
-    return pixels, image_patches(config)
+    return pixels, image_patches(config), None
 
 
 def _config(spec: ModelSpec) -> dict:

@@ -105,10 +105,16 @@ MIXED_SHORT = 15  # short inputs next to the long one in the warm-up's mixed bat
 def _warm_up_media(model: LoadedModel, spec: ModelSpec) -> tuple[float, float]:
     """Run batches of one and four media items (so the first requests pay no one-time
     costs) and return the media queue's cost model: the fixed cost of a pass in items'
-    cost units (an image's patches, a clip's frames; a model's items are all alike, so
-    there is no padding to price)."""
-    example, cost = media_module(spec.kind).example_features(spec, 4)
-    one, four = best_seconds([lambda: model.forward_media(example[:1]), lambda: model.forward_media(example)])
+    cost units (an image's patches, a clip's frames, a page's tokens; a model's items are
+    all alike, so there is no padding to price)."""
+    example, cost, prompts = media_module(spec.kind).example_features(spec, 4)
+
+    def forward(count: int) -> Callable[[], object]:
+        mask = None if prompts is None else np.ones_like(prompts)
+        given = () if prompts is None else (prompts[:count], mask[:count], np.zeros_like(prompts[:count]))
+        return lambda: model.forward_media(example[:count], *given)
+
+    one, four = best_seconds([forward(1), forward(4)])
     per_unit = max((four - one) / (3 * cost), 1e-9)
     return min(max(one / per_unit - cost, 4.0), 1024.0), 1.0
 
@@ -180,7 +186,8 @@ def _run(batch: Batch, model: LoadedModel, arena: Arena, scheduler: Scheduler, s
     start = time.monotonic()  # the scheduler's clock
     try:
         if batch.features is not None:
-            vectors = model.forward_media(batch.features)
+            prompts = (batch.input_ids, batch.attention_mask, batch.token_type_ids) if batch.input_ids.size else ()
+            vectors = model.forward_media(batch.features, *prompts)
         else:
             vectors = model.forward(batch.input_ids, batch.attention_mask, batch.token_type_ids, wide=batch.wide,
                                     read_mask=batch.read_mask, express=batch.express)
@@ -234,8 +241,10 @@ def _receive(context: zmq.Context, args: protocol.WorkerArgs, inbox: zmq.Socket,
         message = protocol.decode(inbox.recv())
         if isinstance(message, protocol.Infer) and message.features is not None:
             features = np.frombuffer(message.features, dtype=np.float32).reshape(message.feature_shape)
+            ids = np.frombuffer(message.ids, dtype="<i4") if message.ids else None
+            type_ids = None if message.type_ids is None else np.frombuffer(message.type_ids, dtype=np.int8)
             scheduler.submit_media(message.request_id, media_queue(message.model), features, message.lengths,
-                                    message.slots)
+                                   message.slots, ids, type_ids)
         elif isinstance(message, protocol.Infer):
             ids = np.frombuffer(message.ids, dtype="<i4")
             type_ids, attended, read = (None if flags is None else np.frombuffer(flags, dtype=np.int8)

@@ -1,8 +1,10 @@
-"""The module that prepares each medium a two-tower model takes beside text
+"""The module that prepares the media of each kind that sees or hears
 (`infinity.shared.media.MEDIUM_OF_KIND`). Each has `Preprocessor(spec, args)`, run in the
-tokenizer processes (an item's bytes to its tower's input, with the server's limits),
-and `example_features(spec, count)`, the inference process's warm-up batch of `count`
-items and what one item costs the batcher. A new medium is one module plus one line here."""
+tokenizer processes (an item's bytes to the model's input, with the server's limits;
+with `takes_text`, the model's texts too), and `example_features(spec, count)`: the
+inference process's warm-up batch of `count` items, what one item costs the batcher, and
+the ids of the prompt each item comes with (None for a tower that takes the medium
+alone). A new medium or model family is one module plus one line here."""
 
 from __future__ import annotations
 
@@ -15,15 +17,15 @@ from types import ModuleType
 from infinity.shared.media import MEDIUM_OF_KIND
 from workers.tokenization import InputError
 
-MODULES = {"image": "workers.image_preprocessing", "audio": "workers.audio_preprocessing"}
+MODULES = {"image_text": "workers.image_preprocessing", "audio_text": "workers.audio_preprocessing",
+           "image_multivector": "workers.page_preprocessing"}
 _DATA_URI = re.compile(r"data:(?P<mime>[\w.+-]+/[\w.+-]+)?(?P<params>(;[\w.+-]+=[^;,]*)*);base64,", re.ASCII)
 
 
 def media_module(kind: str) -> ModuleType | None:
-    """The module preparing the medium of model kind `kind`; None for text-only kinds.
+    """The module preparing the media of model kind `kind`; None for text-only kinds.
     Imported lazily: Pillow or soundfile only where a model takes their medium."""
-    medium = MEDIUM_OF_KIND.get(kind)
-    return None if medium is None else importlib.import_module(MODULES[medium])
+    return importlib.import_module(MODULES[kind]) if kind in MEDIUM_OF_KIND else None
 
 
 def item_bytes(item: bytes, name: str, max_bytes: int, medium: str) -> bytes:

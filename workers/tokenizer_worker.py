@@ -10,6 +10,7 @@ import os
 import zmq
 
 from infinity.shared import protocol
+from infinity.shared.media import PROCESSOR_TEXT_KINDS
 from workers.media_towers import media_module
 from workers.process import LAST_MESSAGE_LINGER_MS, start_child
 from workers.tokenization import model_tokenizer, reply
@@ -35,7 +36,7 @@ def serve(args: protocol.WorkerArgs, inbox: zmq.Socket, to_front: zmq.Socket) ->
     """Load every model's tokenizer, report `Ready` (or `StartupFailed`), then answer
     `Tokenize` messages until the process ends."""
     try:
-        tokenizers = {spec.name: model_tokenizer(spec) for spec in args.models}
+        tokenizers = {spec.name: model_tokenizer(spec) for spec in args.models if spec.kind not in PROCESSOR_TEXT_KINDS}
         media = _media_preprocessors(args)
     except Exception as exc:
         log.exception("cannot load tokenizers")
@@ -45,6 +46,9 @@ def serve(args: protocol.WorkerArgs, inbox: zmq.Socket, to_front: zmq.Socket) ->
     while True:
         request = protocol.decode(inbox.recv())
         assert isinstance(request, protocol.Tokenize)
-        preprocessor = media.get(request.model) if request.media is not None else None
-        prepare = preprocessor.prepare if preprocessor is not None else tokenizers[request.model].tokenize
+        preprocessor = media.get(request.model)
+        if preprocessor is not None and (request.media is not None or preprocessor.takes_text):
+            prepare = preprocessor.prepare
+        else:
+            prepare = tokenizers[request.model].tokenize
         to_front.send(protocol.encode(reply(prepare, request)))

@@ -30,7 +30,10 @@ UNNAMED_MODEL = "default/not-specified"
 # What each model kind serves (in infinity's capability names), and where.
 KIND_CAPABILITIES = {"embed": ["embed"], "multivector": ["embed", "rerank"], "sparse": ["sparse"],
                      "rerank": ["rerank"], "classify": ["classify"], "image_text": ["embed", "image_embed"],
-                     "audio_text": ["embed", "audio_embed"]}
+                     "audio_text": ["embed", "audio_embed"],
+                     "image_multivector": ["embed", "image_embed", "rerank"]}
+# Kinds that give a vector per token and score by late interaction (MaxSim).
+LATE_INTERACTION_KINDS = ("multivector", "image_multivector")
 CAPABILITY_ROUTES = {"embed": "/v1/embeddings", "image_embed": "/v1/embeddings (modality image)",
                      "audio_embed": "/v1/embeddings (modality audio)",
                      "sparse": "/v1/embed_sparse (and /v1/embeddings)",

@@ -17,7 +17,8 @@ from infinity.errors import APIError
 from infinity.media_fetch import media_bytes
 from infinity.pipeline import Result
 from infinity.quantize import EmbeddingType, encode, encode_matrix
-from infinity.routes.common import CONFIG, FETCHER, MODEL_ERRORS, PIPELINE, Route, max_items, served_model, usage
+from infinity.routes.common import (CONFIG, FETCHER, LATE_INTERACTION_KINDS, MODEL_ERRORS, PIPELINE, Route, max_items,
+                                    served_model, usage)
 from infinity.schemas import (ApiVersion, AudioUrlPart, BilledUnits, CohereEmbedRequest,
                               CohereEmbedResponse, CohereImage, CohereMeta, EmbeddingData, EmbeddingRequest,
                               EmbeddingResponse, ImagePart, InputTokens, ModelInputs, SparseEmbedding,
@@ -27,9 +28,9 @@ from infinity.shared.media import MEDIUM_OF_KIND
 from infinity.topology import ServedModel
 
 # the model kinds each route serves
-OPENAI_KINDS = ("embed", "multivector", "sparse", "image_text", "audio_text")
+OPENAI_KINDS = ("embed", "multivector", "sparse", "image_text", "audio_text", "image_multivector")
 COHERE_KINDS = ("embed", "image_text")
-IMAGE_KINDS = ("image_text",)
+IMAGE_KINDS = ("image_text", "image_multivector")
 AUDIO_KINDS = ("audio_text",)
 SPARSE_KINDS = ("sparse",)
 
@@ -55,7 +56,7 @@ async def embeddings(request: web.Request, body: EmbeddingRequest) -> EmbeddingR
         raise APIError(422, f"top_k applies to sparse models; '{model.spec.name}' is of kind '{model.spec.kind}'",
                        param="top_k")
     types = body.output_types(request.app[CONFIG].server.embedding_type)
-    if model.spec.kind == "multivector":
+    if model.spec.kind in LATE_INTERACTION_KINDS:
         return await _multivector(request, model, inputs, body, types)
     # 0 asks for every dimension, as in infinity (its generated client sends 0 by default).
     result, rows = await _embed(request, model, inputs, body.dimensions or None, "dimensions")

@@ -14,34 +14,46 @@ from msgspec import UNSET
 
 from infinity import openapi
 from infinity.pipeline import Result
-from infinity.routes.common import MODEL_ERRORS, PIPELINE, Route, max_items, served_model, usage
+from infinity.media_fetch import media_bytes
+from infinity.routes.common import (CONFIG, FETCHER, LATE_INTERACTION_KINDS, MODEL_ERRORS, PIPELINE, Route, max_items,
+                                    served_model, usage)
 from infinity.schemas import (ApiVersion, BilledUnits, ClassifyRequest, ClassifyResponse, CohereMeta, InputTokens,
                               LabelScore, ModelInputs, RerankDocument, RerankRequest, RerankResponse, RerankResult,
-                              Usage, rerank_inputs, text_or_token_inputs)
+                              Usage, page_documents, rerank_inputs, text_or_token_inputs)
 from infinity.topology import ServedModel
 
-RERANK_KINDS = ("rerank", "multivector")  # the model kinds each route serves
+RERANK_KINDS = ("rerank", "multivector", "image_multivector")  # the model kinds each route serves
 CLASSIFY_KINDS = ("classify",)
 
 
 async def rerank(request: web.Request, body: RerankRequest) -> RerankResponse:
     """A cross-encoder's relevance (its activation unless raw scores are asked), or a
-    multi-vector model's late-interaction score."""
+    multi-vector model's late-interaction score; a page-retrieval model's documents are
+    page images."""
     model = served_model(request, body.model, RERANK_KINDS)
-    inputs = rerank_inputs(body, max_items(request))
-    if model.spec.kind == "multivector":
-        scores, tokens = await _late_interaction(request, model, inputs)
+    if model.spec.kind == "image_multivector":
+        documents = page_documents(body, max_items(request))
+        pages = await media_bytes(request.app[FETCHER], documents, request.app[CONFIG].media.max_image_bytes,
+                                  max_items(request))
+        scores, tokens = await _late_interaction(request, model, ModelInputs(texts=[body.query]),
+                                                 ModelInputs(media=pages))
     else:
-        result = await request.app[PIPELINE].run(model, inputs)
-        try:
-            scores = np.array([row[0] for row in result.rows()], dtype=np.float32)
-        finally:
-            result.release()
-        if not body.raw_scores:
-            scores = activate(scores, result.activation)
-        tokens = usage(result)
+        inputs = rerank_inputs(body, max_items(request))
+        documents = inputs.texts or []
+        if model.spec.kind in LATE_INTERACTION_KINDS:
+            scores, tokens = await _late_interaction(request, model, ModelInputs(texts=[inputs.query or ""],
+                                                                                 task="query"),
+                                                     ModelInputs(texts=documents, task="document"))
+        else:
+            result = await request.app[PIPELINE].run(model, inputs)
+            try:
+                scores = np.array([row[0] for row in result.rows()], dtype=np.float32)
+            finally:
+                result.release()
+            if not body.raw_scores:
+                scores = activate(scores, result.activation)
+            tokens = usage(result)
     order = np.argsort(-scores, kind="stable")[:body.top_n or None]
-    documents = inputs.texts or []
     results = [RerankResult(index=int(i), relevance_score=float(scores[i]),
                             document=RerankDocument(documents[i]) if body.return_documents else UNSET)
                for i in order]
@@ -50,13 +62,12 @@ async def rerank(request: web.Request, body: RerankRequest) -> RerankResponse:
         meta=CohereMeta(ApiVersion("2"), BilledUnits(search_units=1), InputTokens(tokens.prompt_tokens)))
 
 
-async def _late_interaction(request: web.Request, model: ServedModel, inputs: ModelInputs) -> tuple[np.ndarray, Usage]:
+async def _late_interaction(request: web.Request, model: ServedModel, query: ModelInputs,
+                            documents: ModelInputs) -> tuple[np.ndarray, Usage]:
     """Each document's MaxSim against the query, as the model scores (the sum over query
     tokens of the best document-token dot product; divided by the query's tokens for
-    "meanmaxsim"): the query encoded as a query, the documents as documents."""
+    "meanmaxsim")."""
     pipeline = request.app[PIPELINE]
-    query = ModelInputs(texts=[inputs.query or ""], task="query")
-    documents = ModelInputs(texts=inputs.texts, task="document")
     results = await asyncio.gather(pipeline.run(model, query), pipeline.run(model, documents),
                                    return_exceptions=True)
     try:

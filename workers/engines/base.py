@@ -31,12 +31,17 @@ class RawOutput(enum.StrEnum):
     TOKEN_LOGITS = "token_logits"  # (n, longest, vocabulary): a masked-language-model head's logits
     # (n, dim): a two-tower (image-text) model's text tower, its projected pooled output
     TEXT_FEATURES = "text_features"
+    # (n, longest, dim): a retrieval model's own per-token vectors (ColPali's `embeddings`)
+    RETRIEVAL_EMBEDDINGS = "retrieval_embeddings"
 
 
-def auto_class(output: RawOutput) -> type:
-    """The transformers auto class whose model gives `output`."""
+def auto_class(output: RawOutput, spec: ModelSpec) -> type:
+    """The transformers class whose model gives `output`: an auto class, or for retrieval
+    models (which have none) the folder's own architecture."""
     import transformers
 
+    if output is RawOutput.RETRIEVAL_EMBEDDINGS:
+        return getattr(transformers, model_config(spec)["architectures"][0])
     return {RawOutput.TOKEN_STATES: transformers.AutoModel,
             RawOutput.SEQUENCE_LOGITS: transformers.AutoModelForSequenceClassification,
             RawOutput.TOKEN_LOGITS: transformers.AutoModelForMaskedLM,
@@ -44,11 +49,13 @@ def auto_class(output: RawOutput) -> type:
 
 
 def model_output(model: torch.nn.Module, inputs: dict[str, torch.Tensor], output: RawOutput) -> torch.Tensor:
-    """Run a model of `auto_class(output)` on `inputs`; return its `output`."""
+    """Run a model of `auto_class(output, spec)` on `inputs`; return its `output`."""
     if output is RawOutput.TEXT_FEATURES:
         # transformers 5 returns an output object; the projected vector is its pooler output.
         return model.get_text_features(**inputs).pooler_output
     result = model(**inputs)
+    if output is RawOutput.RETRIEVAL_EMBEDDINGS:
+        return result.embeddings
     return result.last_hidden_state if output is RawOutput.TOKEN_STATES else result.logits
 
 

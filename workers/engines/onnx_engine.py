@@ -96,7 +96,7 @@ def _takes_token_types(model: torch.nn.Module) -> bool:
 def _export(spec: ModelSpec, output: RawOutput, path: Path) -> None:
     # Eager attention exports to plain MatMul/Softmax, which onnxruntime fuses better than
     # the exported SDPA.
-    model = auto_class(output).from_pretrained(spec.path, dtype=torch.float32, attn_implementation="eager").eval()
+    model = auto_class(output, spec).from_pretrained(spec.path, dtype=torch.float32, attn_implementation="eager").eval()
     names = ["input_ids", "attention_mask"] + (["token_type_ids"] if _takes_token_types(model) else [])
     # A padded sample with batch and length above 1, so neither axis is specialised and the
     # mask is traced as data, not as a constant.

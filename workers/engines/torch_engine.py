@@ -42,8 +42,11 @@ class TorchEngine:
         self._output = output
         self._device = torch.device(devices.torch_device(spec.device))
         # transformers picks SDPA attention where the architecture has it (MPNet has not).
-        self._model = auto_class(output).from_pretrained(spec.path, dtype=_DTYPES[spec.dtype]).to(self._device).eval()
-        self._takes_token_types = "token_type_ids" in inspect.signature(self._model.forward).parameters
+        self._model = auto_class(output, spec).from_pretrained(spec.path, dtype=_DTYPES[spec.dtype]).to(self._device).eval()
+        # A retrieval model hands its keyword arguments to its vision-language model, whose
+        # attention depends on the token types (PaliGemma's prefix).
+        self._takes_token_types = (output is RawOutput.RETRIEVAL_EMBEDDINGS
+                                   or "token_type_ids" in inspect.signature(self._model.forward).parameters)
         self.pad_id = pad_id(spec)
         self._head = _BERT_HEADS.get(type(self._model).__name__)
         body = self._model if output is RawOutput.TOKEN_STATES else self._model.bert if self._head else None
@@ -66,10 +69,17 @@ class TorchEngine:
         return hidden if self._output is RawOutput.TOKEN_STATES else self._head(self._model, hidden)
 
     @torch.inference_mode()
-    def forward_media(self, features: np.ndarray) -> torch.Tensor:
+    def forward_media(self, features: np.ndarray, input_ids: np.ndarray | None = None,
+                      attention_mask: np.ndarray | None = None,
+                      token_type_ids: np.ndarray | None = None) -> torch.Tensor:
         """A two-tower model's media tower: (n, ...) float32 images' pixels or clips'
-        spectrograms -> (n, dim), its projected pooled output."""
+        spectrograms -> (n, dim), its projected pooled output; a retrieval model's pages:
+        their pixels with their prompts' ids -> its output for every token."""
         values = torch.from_numpy(features).to(self._device, dtype=next(self._model.parameters()).dtype)
+        if input_ids is not None:
+            ids, mask, types = (torch.from_numpy(a).to(self._device) for a in (input_ids, attention_mask, token_type_ids))
+            return model_output(self._model, {"input_ids": ids, "attention_mask": mask, "token_type_ids": types,
+                                              "pixel_values": values}, self._output)
         if hasattr(self._model, "get_audio_features"):
             # Clips are cut to the window in preprocessing: none is longer, nothing to fuse.
             longer = torch.zeros((len(values), 1), dtype=torch.bool, device=self._device)

@@ -1,7 +1,9 @@
-"""The multi-vector head (`kind = "multivector"`, ColBERT-style late interaction): the state
-of every token it is given to read (real tokens and query-expansion tokens, not padding
-nor skipped tokens), projected by the model's Dense layer where it has one,
-L2-normalised if the model says so: each input gives an (n_tokens, dim) float32 array."""
+"""Multi-vector heads (late interaction): each input gives an (n_tokens, dim) float32
+array, a row per token it is given to read (real tokens and query-expansion tokens, not
+padding nor skipped tokens). ColBERT-style models (`kind = "multivector"`): the encoder's
+token states, projected by the model's Dense layer where it has one, L2-normalised if
+the model says so. Page-retrieval models (`kind = "image_multivector"`, ColPali): the
+model's own per-token vectors, already projected and normalised."""
 
 from __future__ import annotations
 
@@ -32,9 +34,26 @@ class TokenVectors:
             states = self._projection.to(states.device)(states)
         if self._normalize:
             states = torch.nn.functional.normalize(states, p=2, dim=-1)
-        vectors = states.cpu().numpy()
-        read = mask.bool().cpu().numpy()
-        return [vectors[row, read[row]] for row in range(len(vectors))]
+        return _read_rows(states, mask)
+
+
+class RetrievalTokenVectors:
+    output = RawOutput.RETRIEVAL_EMBEDDINGS
+    activation = "none"
+    ragged = True
+
+    def __init__(self, spec: ModelSpec, config: dict) -> None:
+        self.labels: list[str] = []
+        self.dim = int(config["embedding_dim"])
+
+    def __call__(self, raw: torch.Tensor, mask: torch.Tensor) -> list[np.ndarray]:
+        return _read_rows(raw.float(), mask)
+
+
+def _read_rows(vectors: torch.Tensor, mask: torch.Tensor) -> list[np.ndarray]:
+    """Each input's rows of `vectors` (n, longest, dim) where `mask` (n, longest) is set."""
+    values, read = vectors.cpu().numpy(), mask.bool().cpu().numpy()
+    return [values[row, read[row]] for row in range(len(values))]
 
 
 def _projection(folder: Path) -> torch.nn.Linear:

@@ -1,0 +1,35 @@
+"""Page-retrieval model folders (ColPali): a vision-language model that gives a vector per
+token for text queries and for page images alike, scored by late interaction. The
+layout served is transformers' own (`ColPaliForRetrieval`, as the "-hf" checkpoints
+ship); colpali-engine's (PEFT adapters over PaliGemma, `architectures: ["ColPali"]`) and
+ColQwen2 are refused at start with what to do instead."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from infinity.config import ConfigError
+
+SERVED_ARCHITECTURES = ("ColPaliForRetrieval",)
+_ENGINE_FORMATS = ("ColPali", "ColQwen2", "ColQwen2_5", "ColIdefics3")
+
+
+def is_page_retrieval(folder: Path, config: dict) -> bool:
+    """Whether the folder is a page-retrieval model, served or not (see `refuse_unserved`)."""
+    architectures = config.get("architectures") or []
+    return (config.get("model_type") in ("colpali", "colqwen2")
+            or any(a in SERVED_ARCHITECTURES + _ENGINE_FORMATS or a.endswith("ForRetrieval") for a in architectures)
+            or (folder / "adapter_config.json").is_file() and "colpali" in (folder / "adapter_config.json").read_text().lower())
+
+
+def refuse_unserved(name: str, folder: Path, config: dict) -> None:
+    """Stop the start for page-retrieval folders this server does not read."""
+    architectures = config.get("architectures") or []
+    if any(a in SERVED_ARCHITECTURES for a in architectures):
+        return
+    if (folder / "adapter_config.json").is_file() or any(a in _ENGINE_FORMATS for a in architectures):
+        raise ConfigError(f"model '{name}': {folder} is a colpali-engine checkpoint; serve its transformers "
+                          "conversion instead (the '-hf' checkpoints, e.g. vidore/colpali-v1.3-hf, or convert it "
+                          "with transformers' models/colpali/convert_colpali_weights_to_hf.py)")
+    raise ConfigError(f"model '{name}': {', '.join(architectures) or config.get('model_type')} is not served yet; "
+                      f"page-retrieval models served: {', '.join(SERVED_ARCHITECTURES)}")
