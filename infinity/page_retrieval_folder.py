@@ -1,8 +1,8 @@
-"""Page-retrieval model folders (ColPali): a vision-language model that gives a vector per
-token for text queries and for page images alike, scored by late interaction. The
-layout served is transformers' own (`ColPaliForRetrieval`, as the "-hf" checkpoints
-ship); colpali-engine's (PEFT adapters over PaliGemma, `architectures: ["ColPali"]`) and
-ColQwen2 are refused at start with what to do instead."""
+"""Page-retrieval model folders (ColPali, ColQwen2): a vision-language model that gives a
+vector per token for text queries and for page images alike, scored by late
+interaction. The layout served is transformers' own (`ColPaliForRetrieval`,
+`ColQwen2ForRetrieval`, as the "-hf" checkpoints ship); colpali-engine's (PEFT adapters,
+`architectures: ["ColPali"]`) is refused at start with how to convert it."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 from infinity.config import ConfigError
 
-SERVED_ARCHITECTURES = ("ColPaliForRetrieval",)
+SERVED_ARCHITECTURES = ("ColPaliForRetrieval", "ColQwen2ForRetrieval")
 _ENGINE_FORMATS = ("ColPali", "ColQwen2", "ColQwen2_5", "ColIdefics3")
 
 

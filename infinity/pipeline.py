@@ -286,7 +286,7 @@ class Pipeline:
         replica.outstanding += len(pending.slots)
         replica.child.send(protocol.Infer(message.request_id, model.spec.name, message.ids,
                                           message.lengths, pending.slots, message.type_ids, message.masks,
-                                          message.features, message.feature_shape))
+                                          message.features, message.feature_shape, message.feature_grid))
 
     def _on_done(self, message: protocol.Done) -> None:
         pending = self._take(message.request_id)

@@ -435,3 +435,43 @@ def save_tiny_colpali(folder: Path, seed: int = 0) -> Path:
     ColPaliForRetrieval(ColPaliConfig(vlm_config=vlm, embedding_dim=16)).eval().save_pretrained(folder)
     processor.save_pretrained(folder)
     return folder
+
+
+QWEN_SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>",
+                       "<|image_pad|>", "<|video_pad|>")
+
+
+def save_tiny_colqwen2(folder: Path, seed: int = 0) -> Path:
+    """A ColQwen2 over a 2-layer Qwen2-VL (hidden 32, multimodal rotary sections summing to
+    half its head size) and a 1-block vision tower (14-pixel patches merged 2x2; images of
+    56x56 to 112x112 pixels, so their token count varies with their size), vectors of 16,
+    over a byte-level BPE with Qwen's special tokens, with its processor."""
+    from tokenizers import decoders
+    from transformers import (ColQwen2Config, ColQwen2ForRetrieval, ColQwen2Processor, PreTrainedTokenizerFast,
+                              Qwen2VLConfig, Qwen2VLImageProcessor)
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=list(QWEN_SPECIAL_TOKENS), show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tokenizer.train_from_iterator([" ".join(WORDS), "Question: describe the image"] * 4, trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="<|endoftext|>", pad_token="<|endoftext|>",
+                                   model_max_length=512)
+    fast.add_special_tokens({"additional_special_tokens": list(QWEN_SPECIAL_TOKENS[1:])})
+    ids = {token: fast.convert_tokens_to_ids(token) for token in QWEN_SPECIAL_TOKENS}
+    processor = ColQwen2Processor(image_processor=Qwen2VLImageProcessor(min_pixels=56 * 56, max_pixels=112 * 112),
+                                  tokenizer=fast)
+    vlm = Qwen2VLConfig(
+        text_config={"vocab_size": len(fast), "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+                     "num_attention_heads": 2, "num_key_value_heads": 1, "bos_token_id": None,
+                     "eos_token_id": ids["<|endoftext|>"],
+                     "rope_scaling": {"type": "mrope", "mrope_section": [2, 3, 3]}},
+        vision_config={"depth": 1, "embed_dim": 32, "hidden_size": 32, "num_heads": 2},
+        image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"],
+        vocab_size=len(fast))
+    torch.manual_seed(seed)
+    ColQwen2ForRetrieval(ColQwen2Config(vlm_config=vlm, embedding_dim=16)).eval().save_pretrained(folder)
+    processor.save_pretrained(folder)
+    return folder

@@ -16,7 +16,7 @@ import numpy as np
 from infinity.shared import protocol
 from infinity.shared.protocol import ModelSpec
 from workers.audio import AudioLimits, decode_audio
-from workers.media_towers import item_bytes
+from workers.media_towers import MediaExample, item_bytes
 
 
 class Preprocessor:
@@ -38,11 +38,11 @@ class Preprocessor:
                                   features=features.tobytes(), feature_shape=list(features.shape))
 
 
-def example_features(spec: ModelSpec, count: int) -> tuple[np.ndarray, int, None]:
-    """`count` silent clips' spectrograms as the audio tower takes them, and a clip's frames."""
+def example_features(spec: ModelSpec, count: int) -> MediaExample:
+    """`count` silent clips' spectrograms as the audio tower takes them; each costs its frames."""
     extractor = _feature_extractor(spec)
     features = _spectrograms(extractor, [np.zeros(int(extractor.nb_max_samples), dtype=np.float32)] * count)
-    return features, features.shape[2], None
+    return MediaExample(features, features.shape[2])
 
 
 def _feature_extractor(spec: ModelSpec):  # noqa: ANN202 (transformers stays lazy)

@@ -80,6 +80,7 @@ class Item:
     # spectrogram), and its cost in tokens' worth (an image's patches, a clip's frames).
     features: np.ndarray | None = None
     media_cost: int = 0
+    grid: np.ndarray | None = None  # an image's patch grid, where images vary in size
 
     @property
     def length(self) -> int:
@@ -99,6 +100,7 @@ class Batch:
     # attention mask (ColBERT's query expansion, skipped tokens); None: it is.
     read_mask: np.ndarray | None = None
     features: np.ndarray | None = None  # (n, ...): a batch of media items (images, clips), not of tokens
+    grid: np.ndarray | None = None  # (n, 3): each image's patch grid, where images vary in size
 
 
 @dataclass
@@ -189,10 +191,12 @@ class Scheduler:
             self._express_wakeup.notify()
 
     def submit_media(self, request_id: int, queue: str, features: np.ndarray, costs: list[int],
-                     slots: list[int], ids: np.ndarray | None = None, type_ids: np.ndarray | None = None) -> None:
+                     slots: list[int], ids: np.ndarray | None = None, type_ids: np.ndarray | None = None,
+                     grid: np.ndarray | None = None) -> None:
         """Queue a request's media items (`features`, one row each) on a media queue
         (`media_queue`), each costing its `costs` entry; a retrieval model's come with the
-        ids (and token types) of their prompts, concatenated, `costs` long each."""
+        ids (and token types) of their prompts, concatenated, `costs` long each, and
+        images of varying size with their patch `grid` rows."""
         arrived = self._clock()
         offsets = np.cumsum([0, *costs])
         no_ids = np.zeros(0, dtype=np.int32)
@@ -203,7 +207,7 @@ class Scheduler:
                 part = slice(offsets[i], offsets[i + 1])
                 item = Item(request, slot, no_ids if ids is None else ids[part],
                             None if type_ids is None else type_ids[part], next(self._seq), arrived,
-                            features=row, media_cost=cost)
+                            features=row, media_cost=cost, grid=None if grid is None else grid[i])
                 bisect.insort(self._queues[queue].by_length, (item.length, item.seq, item), key=_sort_key)
             self._wakeup.notify()
 
@@ -433,7 +437,7 @@ _MEDIA = "#media"
 
 
 def _pad(model: str, items: list[Item], pad_id: int, wide: bool = False, express: bool = False) -> Batch:
-    features = None if items[0].features is None else np.stack([i.features for i in items])
+    features = None if items[0].features is None else _stacked([i.features for i in items])
     if features is not None and not len(items[0].ids):
         nothing = np.zeros((len(items), 0), dtype=np.int64)
         return Batch(model, items, nothing, nothing, nothing, wide, express, features=features)
@@ -451,4 +455,16 @@ def _pad(model: str, items: list[Item], pad_id: int, wide: bool = False, express
             token_type_ids[row, :item.length] = item.type_ids
         if read_mask is not None:
             read_mask[row, :item.length] = 1 if item.read is None else item.read
-    return Batch(model, items, input_ids, attention_mask, token_type_ids, wide, express, read_mask, features)
+    grid = None if items[0].grid is None else np.stack([i.grid for i in items])
+    return Batch(model, items, input_ids, attention_mask, token_type_ids, wide, express, read_mask, features, grid)
+
+
+def _stacked(arrays: list[np.ndarray]) -> np.ndarray:
+    """`arrays` stacked, each zero-padded along its first axis to the longest (images of
+    varying size: the padding patches lie beyond each one's grid)."""
+    if all(a.shape == arrays[0].shape for a in arrays):
+        return np.stack(arrays)
+    out = np.zeros((len(arrays), max(len(a) for a in arrays), *arrays[0].shape[1:]), dtype=arrays[0].dtype)
+    for row, array in enumerate(arrays):
+        out[row, :len(array)] = array
+    return out

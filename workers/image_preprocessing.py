@@ -15,7 +15,7 @@ from infinity.shared import protocol
 from infinity.shared.folders import image_patches
 from infinity.shared.protocol import ModelSpec
 from workers.images import ImageLimits, decode_image
-from workers.media_towers import item_bytes
+from workers.media_towers import MediaExample, item_bytes
 
 
 class Preprocessor:
@@ -42,13 +42,13 @@ class Preprocessor:
                                   features=pixels.tobytes(), feature_shape=list(pixels.shape), image_info=infos)
 
 
-def example_features(spec: ModelSpec, count: int) -> tuple[np.ndarray, int, None]:
-    """`count` blank images as the vision tower takes them, and an image's patches."""
+def example_features(spec: ModelSpec, count: int) -> MediaExample:
+    """`count` blank images as the vision tower takes them; each costs its patches."""
     config = _config(spec)
     vision = config["vision_config"]
     side = int(vision["image_size"])
     pixels = np.zeros((count, int(vision.get("num_channels", 3)), side, side), dtype=np.float32)
-    return pixels, image_patches(config), None
+    return MediaExample(pixels, image_patches(config))
 
 
 def _config(spec: ModelSpec) -> dict:

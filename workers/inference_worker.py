@@ -107,16 +107,17 @@ def _warm_up_media(model: LoadedModel, spec: ModelSpec) -> tuple[float, float]:
     costs) and return the media queue's cost model: the fixed cost of a pass in items'
     cost units (an image's patches, a clip's frames, a page's tokens; a model's items are
     all alike, so there is no padding to price)."""
-    example, cost, prompts = media_module(spec.kind).example_features(spec, 4)
+    example = media_module(spec.kind).example_features(spec, 4)
 
     def forward(count: int) -> Callable[[], object]:
-        mask = None if prompts is None else np.ones_like(prompts)
-        given = () if prompts is None else (prompts[:count], mask[:count], np.zeros_like(prompts[:count]))
-        return lambda: model.forward_media(example[:count], *given)
+        ids = example.input_ids
+        given = () if ids is None else (ids[:count], np.ones_like(ids[:count]), np.zeros_like(ids[:count]))
+        grid = None if example.grid is None else example.grid[:count]
+        return lambda: model.forward_media(example.features[:count], *given, grid=grid)
 
     one, four = best_seconds([forward(1), forward(4)])
-    per_unit = max((four - one) / (3 * cost), 1e-9)
-    return min(max(one / per_unit - cost, 4.0), 1024.0), 1.0
+    per_unit = max((four - one) / (3 * example.cost), 1e-9)
+    return min(max(one / per_unit - example.cost, 4.0), 1024.0), 1.0
 
 
 def _warm_up(model: LoadedModel, max_length: int) -> tuple[float, float]:
@@ -187,7 +188,7 @@ def _run(batch: Batch, model: LoadedModel, arena: Arena, scheduler: Scheduler, s
     try:
         if batch.features is not None:
             prompts = (batch.input_ids, batch.attention_mask, batch.token_type_ids) if batch.input_ids.size else ()
-            vectors = model.forward_media(batch.features, *prompts)
+            vectors = model.forward_media(batch.features, *prompts, grid=batch.grid)
         else:
             vectors = model.forward(batch.input_ids, batch.attention_mask, batch.token_type_ids, wide=batch.wide,
                                     read_mask=batch.read_mask, express=batch.express)
@@ -243,8 +244,9 @@ def _receive(context: zmq.Context, args: protocol.WorkerArgs, inbox: zmq.Socket,
             features = np.frombuffer(message.features, dtype=np.float32).reshape(message.feature_shape)
             ids = np.frombuffer(message.ids, dtype="<i4") if message.ids else None
             type_ids = None if message.type_ids is None else np.frombuffer(message.type_ids, dtype=np.int8)
+            grid = None if message.feature_grid is None else np.array(message.feature_grid, dtype=np.int64)
             scheduler.submit_media(message.request_id, media_queue(message.model), features, message.lengths,
-                                   message.slots, ids, type_ids)
+                                   message.slots, ids, type_ids, grid)
         elif isinstance(message, protocol.Infer):
             ids = np.frombuffer(message.ids, dtype="<i4")
             type_ids, attended, read = (None if flags is None else np.frombuffer(flags, dtype=np.int8)

@@ -2,9 +2,8 @@
 (`infinity.shared.media.MEDIUM_OF_KIND`). Each has `Preprocessor(spec, args)`, run in the
 tokenizer processes (an item's bytes to the model's input, with the server's limits;
 with `takes_text`, the model's texts too), and `example_features(spec, count)`: the
-inference process's warm-up batch of `count` items, what one item costs the batcher, and
-the ids of the prompt each item comes with (None for a tower that takes the medium
-alone). A new medium or model family is one module plus one line here."""
+inference process's warm-up batch of `count` items (a `MediaExample`). A new medium or
+model family is one module plus one line here."""
 
 from __future__ import annotations
 
@@ -12,7 +11,10 @@ import base64
 import binascii
 import importlib
 import re
+from dataclasses import dataclass
 from types import ModuleType
+
+import numpy as np
 
 from infinity.shared.media import MEDIUM_OF_KIND
 from workers.tokenization import InputError
@@ -20,6 +22,16 @@ from workers.tokenization import InputError
 MODULES = {"image_text": "workers.image_preprocessing", "audio_text": "workers.audio_preprocessing",
            "image_multivector": "workers.page_preprocessing"}
 _DATA_URI = re.compile(r"data:(?P<mime>[\w.+-]+/[\w.+-]+)?(?P<params>(;[\w.+-]+=[^;,]*)*);base64,", re.ASCII)
+
+
+@dataclass(frozen=True)
+class MediaExample:
+    """A warm-up batch of media items as the model takes them."""
+
+    features: np.ndarray  # (count, ...) float32
+    cost: int  # what one item costs the batcher (an image's patches, a clip's frames, a page's tokens)
+    input_ids: np.ndarray | None = None  # (count, length): the prompt each item comes with, if any
+    grid: np.ndarray | None = None  # (count, 3): each image's patch grid, where images vary in size
 
 
 def media_module(kind: str) -> ModuleType | None:

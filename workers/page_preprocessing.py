@@ -1,11 +1,14 @@
-"""Text queries and page images made ready for a page-retrieval model (ColPali), in the
-tokenizer processes, by the folder's own processor: a query gets its prompt and query
-augmentation (`process_queries`), an image (decoded by `workers.images`, with the
+"""Text queries and page images made ready for a page-retrieval model (ColPali, ColQwen2),
+in the tokenizer processes, by the folder's own processor: a query gets its prompt and
+query augmentation (`process_queries`), an image (decoded by `workers.images`, with the
 server's limits) its image tokens and prompt and its pixels (`process_images`), exactly
-the inputs transformers' reference computation feeds the model, token types included
-(PaliGemma's attention depends on them). Every token the processor attends to is
-kept, and read by the head; padding is left to the inference process. A page costs the
-batcher, and counts in `usage`, its tokens (image tokens and prompt)."""
+the inputs transformers' reference computation feeds the model: token types where the
+processor gives them (PaliGemma's attention depends on them), each image's patch grid
+where images vary in size (ColQwen2's `image_grid_thw`; its pixels are padded to the
+request's largest image, and again to the batch's in the inference process). Every
+token the processor attends to is kept, and read by the head; padding is left to the
+inference process. A page costs the batcher, and counts in `usage`, its tokens (image
+tokens and prompt): ColQwen2's grow with the image's size."""
 
 from __future__ import annotations
 
@@ -14,7 +17,7 @@ import numpy as np
 from infinity.shared import protocol
 from infinity.shared.protocol import ModelSpec
 from workers.images import ImageLimits, decode_image
-from workers.media_towers import item_bytes
+from workers.media_towers import MediaExample, item_bytes
 from workers.tokenization import InputError
 
 
@@ -42,14 +45,15 @@ class Preprocessor:
         return _tokenized(request.request_id, _numpy(self._processor.process_queries(request.texts)))
 
 
-def example_features(spec: ModelSpec, count: int) -> tuple[np.ndarray, int, np.ndarray]:
-    """`count` blank pages as the model takes them: pixels, a page's tokens, their prompts' ids."""
+def example_features(spec: ModelSpec, count: int) -> MediaExample:
+    """`count` blank pages as the model takes them, with their prompts; each costs its tokens."""
     from PIL import Image
 
     processor = _processor(spec)
     encoded = _numpy(processor.process_images([Image.new("RGB", (64, 64))] * count))
     ids = encoded["input_ids"].astype(np.int64)
-    return np.ascontiguousarray(encoded["pixel_values"], dtype=np.float32), ids.shape[1], ids
+    return MediaExample(np.ascontiguousarray(encoded["pixel_values"], dtype=np.float32), ids.shape[1], ids,
+                        encoded.get("image_grid_thw"))
 
 
 def _processor(spec: ModelSpec):  # noqa: ANN202 (transformers stays lazy)
@@ -74,4 +78,5 @@ def _tokenized(request_id: int, encoded: dict, pixels: np.ndarray | None = None,
         request_id, encoded["input_ids"][attended].astype("<i4").tobytes(), attended.sum(axis=1).tolist(), 0,
         type_ids=types[attended].astype(np.int8).tobytes(),
         features=None if pixels is None else pixels.tobytes(),
-        feature_shape=None if pixels is None else list(pixels.shape), image_info=infos)
+        feature_shape=None if pixels is None else list(pixels.shape), image_info=infos,
+        feature_grid=encoded["image_grid_thw"].tolist() if "image_grid_thw" in encoded else None)

@@ -179,6 +179,9 @@ class Tokenized(msgspec.Struct, tag=True, array_like=True):
     features: bytes | None = None
     feature_shape: list[int] | None = None
     image_info: list[ImageInfo] | None = None  # each image as it was sent
+    # Each image's patch grid (frames, rows, columns) where images vary in size (ColQwen2's
+    # `image_grid_thw`); its rows of `features` beyond the grid's patches are padding.
+    feature_grid: list[list[int]] | None = None
 
 
 class Infer(msgspec.Struct, tag=True, array_like=True):
@@ -194,6 +197,7 @@ class Infer(msgspec.Struct, tag=True, array_like=True):
     masks: TokenMasks | None = None
     features: bytes | None = None  # as in `Tokenized`
     feature_shape: list[int] | None = None
+    feature_grid: list[list[int]] | None = None
 
 
 class Cancel(msgspec.Struct, tag=True, array_like=True):

@@ -44,9 +44,9 @@ class TorchEngine:
         # transformers picks SDPA attention where the architecture has it (MPNet has not).
         self._model = auto_class(output, spec).from_pretrained(spec.path, dtype=_DTYPES[spec.dtype]).to(self._device).eval()
         # A retrieval model hands its keyword arguments to its vision-language model, whose
-        # attention depends on the token types (PaliGemma's prefix).
-        self._takes_token_types = (output is RawOutput.RETRIEVAL_EMBEDDINGS
-                                   or "token_type_ids" in inspect.signature(self._model.forward).parameters)
+        # attention may depend on the token types (PaliGemma's prefix).
+        self._takes_token_types = "token_type_ids" in inspect.signature(
+            getattr(self._model, "vlm", self._model).forward).parameters
         self.pad_id = pad_id(spec)
         self._head = _BERT_HEADS.get(type(self._model).__name__)
         body = self._model if output is RawOutput.TOKEN_STATES else self._model.bert if self._head else None
@@ -71,15 +71,19 @@ class TorchEngine:
     @torch.inference_mode()
     def forward_media(self, features: np.ndarray, input_ids: np.ndarray | None = None,
                       attention_mask: np.ndarray | None = None,
-                      token_type_ids: np.ndarray | None = None) -> torch.Tensor:
+                      token_type_ids: np.ndarray | None = None, grid: np.ndarray | None = None) -> torch.Tensor:
         """A two-tower model's media tower: (n, ...) float32 images' pixels or clips'
         spectrograms -> (n, dim), its projected pooled output; a retrieval model's pages:
-        their pixels with their prompts' ids -> its output for every token."""
+        their pixels (and patch grids) with their prompts' ids -> its output for every token."""
         values = torch.from_numpy(features).to(self._device, dtype=next(self._model.parameters()).dtype)
         if input_ids is not None:
             ids, mask, types = (torch.from_numpy(a).to(self._device) for a in (input_ids, attention_mask, token_type_ids))
-            return model_output(self._model, {"input_ids": ids, "attention_mask": mask, "token_type_ids": types,
-                                              "pixel_values": values}, self._output)
+            inputs = {"input_ids": ids, "attention_mask": mask, "pixel_values": values}
+            if self._takes_token_types:
+                inputs["token_type_ids"] = types
+            if grid is not None:
+                inputs["image_grid_thw"] = torch.from_numpy(grid).to(self._device)
+            return model_output(self._model, inputs, self._output)
         if hasattr(self._model, "get_audio_features"):
             # Clips are cut to the window in preprocessing: none is longer, nothing to fuse.
             longer = torch.zeros((len(values), 1), dtype=torch.bool, device=self._device)

@@ -53,14 +53,15 @@ class LoadedModel:
     @torch.inference_mode()
     def forward_media(self, features: np.ndarray, input_ids: np.ndarray | None = None,
                       attention_mask: np.ndarray | None = None,
-                      token_type_ids: np.ndarray | None = None) -> np.ndarray | list[np.ndarray]:
+                      token_type_ids: np.ndarray | None = None,
+                      grid: np.ndarray | None = None) -> np.ndarray | list[np.ndarray]:
         """(n, ...) float32 media features (images' pixels, clips' spectrograms), with the
-        ids, mask and token types of the prompts they come with for a retrieval model ->
-        the head's output (a two-tower model's image or audio vectors; a retrieval model's
-        vectors per token)."""
+        ids, mask and token types of the prompts they come with for a retrieval model (and
+        each image's patch `grid` where images vary in size) -> the head's output (a
+        two-tower model's image or audio vectors; a retrieval model's vectors per token)."""
         # Engines whose towers take the medium alone (ONNX Runtime's vision tower) take no prompts.
         raw = (self.engine.forward_media(features) if input_ids is None
-               else self.engine.forward_media(features, input_ids, attention_mask, token_type_ids))
+               else self.engine.forward_media(features, input_ids, attention_mask, token_type_ids, grid))
         mask = (torch.ones((len(features), 1), dtype=torch.int64) if attention_mask is None
                 else torch.from_numpy(attention_mask))
         return self.head(raw, mask.to(raw.device))
