@@ -36,8 +36,9 @@ pip=("$venv/bin/python" -m pip install --quiet --disable-pip-version-check)
 #    this BERT-style model (WordPiece tokenizer) does not need.
 "${pip[@]}" ctranslate2 "torch==2.13.0"
 
-# Its image routes read images (data: URIs too) through aiohttp, which no extra installs.
-"${pip[@]}" aiohttp "torch==2.13.0"
+# Its image routes read images (data: URIs too) through aiohttp, which no extra installs;
+# its audio routes decode with soundfile (the [audio] extra's, pinned as ours).
+"${pip[@]}" aiohttp soundfile==0.14.0 "torch==2.13.0"
 
 "$venv/bin/python" - <<'EOF'
 import ctranslate2, infinity_emb, numpy, sentence_transformers, torch, transformers
