@@ -279,3 +279,29 @@ def test_a_clap_folder_refuses_the_engines_without_an_audio_tower(folders):
             resolve_model(ModelConfig(name="m", source=str(folders[CLAP]), engine=engine))
     assert resolve_model(ModelConfig(name="m", source=str(folders[CLAP]))).engine == "torch"
     assert math.isclose(resolve_model(ModelConfig(name="m", source=str(folders[CLAP]))).max_length, 38)
+
+
+def test_clap_matches_sentence_transformers_by_cosine(server, folders):
+    """sentence-transformers loads a CLAP folder as it is (text through
+    `get_text_features`, audio arrays through `get_audio_features`)."""
+    from sentence_transformers import SentenceTransformer
+    from transformers.audio_utils import load_audio
+
+    model = SentenceTransformer(str(folders[CLAP]), device="cpu")
+    uris = [_data_uri(data, mime) for _, data, mime in CLIPS[:4]]
+    waves = [{"array": load_audio(uri, sampling_rate=CLAP_SAMPLING_RATE, backend="soundfile"),
+              "sampling_rate": CLAP_SAMPLING_RATE} for uri in uris]
+    texts = ["a dog barks", "rain on a tin roof"]
+    for served, expected in ((_embed(server, CLAP, uris)[0], model.encode(waves, normalize_embeddings=True)),
+                             (_embed(server, CLAP, texts, "text")[0], model.encode(texts, normalize_embeddings=True))):
+        assert (np.sum(served * expected, axis=1) >= 0.99999).all()
+
+
+def test_the_tokenizer_processes_run_numpys_blas_on_one_thread(server):
+    """A spectrogram's mel filter bank is a matrix product: numpy's OpenBLAS would run it
+    on a thread per core, spinning beside the inference threads for no gain."""
+    from pathlib import Path
+
+    for pid in server.worker_pids()["tokenizer-0"][-1:]:
+        environment = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        assert b"OPENBLAS_NUM_THREADS=1" in environment

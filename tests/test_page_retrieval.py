@@ -200,3 +200,21 @@ def test_many_clients_sending_pages_and_queries_at_once_get_their_own_vectors(se
         for got, want in pool.map(call, range(36)):
             assert got.shape == want.shape
             np.testing.assert_allclose(got, want, atol=1e-5)
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_sentence_transformers_multi_vector_encoder_agrees_row_by_row(server, folders, model):
+    """sentence-transformers' MultiVectorEncoder loads both folders (queries through
+    `encode_query`, pages through `encode_document`): same rows, cosine 1 per row."""
+    from PIL import Image
+    from sentence_transformers import MultiVectorEncoder
+
+    encoder = MultiVectorEncoder(str(folders[model]), device="cpu")
+    expected = (list(encoder.encode_query(QUERIES)) +
+                list(encoder.encode_document([Image.open(io.BytesIO(page)).convert("RGB") for page in PAGES])))
+    served = _matrices(server, model, QUERIES) + _matrices(server, model, [_uri(page) for page in PAGES], "image")
+    for got, want in zip(served, expected):
+        want = np.asarray(want, dtype=np.float32)
+        assert got.shape == want.shape
+        cosines = np.sum(got * want, axis=1) / (np.linalg.norm(got, axis=1) * np.linalg.norm(want, axis=1))
+        assert (cosines >= 0.99999).all()
