@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from infinity.config import ServerConfig
 from infinity.shared import devices, protocol, shm
 from infinity.shared.protocol import ModelSpec
-from infinity.supervisor import Child, Launch, cpu_quota, plan_cpus, spawn_process, usable_cpus
+from infinity.supervisor import (SINGLE_THREADED_BLAS, Child, Launch, cpu_quota, plan_cpus, spawn_process,
+                                 usable_cpus)
 
 log = logging.getLogger(__name__)
 
@@ -113,7 +114,8 @@ def place(server: ServerConfig, specs: list[ModelSpec], args_of: ArgsOf, launch:
     plan = plan_cpus(cpus, server.tokenizer_workers, max(1, len(cpu_devices)), quota)
     placement = dict(zip(cpu_devices, plan.cpu_partitions))
     first_specs = [model.spec for model in models.values()]
-    tokenizers = [Child(args_of(f"tokenizer-{i}", first_specs, cpus, 1), TOKENIZER_ENTRY_POINT, launch)
+    tokenizers = [Child(args_of(f"tokenizer-{i}", first_specs, cpus, 1), TOKENIZER_ENTRY_POINT, launch,
+                        SINGLE_THREADED_BLAS)
                   for i, cpus in enumerate(plan.tokenizer_cpus)]
     inference = []
     for device in all_devices:
