@@ -252,9 +252,12 @@ def test_client_that_leaves_has_its_waiting_inputs_dropped(server):
 
     texts = [f"text {i} that is long enough to keep the engine busy " * 30 for i in range(200)]
     start = len(server.log_text())
+    # The client leaves once the request has had time to be tokenized and queued (a
+    # request still in the tokenizer process when its client leaves never reaches the
+    # inference process); its 200 inputs of 256 tokens keep the engine busy for seconds.
     with pytest.raises(requests.exceptions.ReadTimeout):
         requests.post(server.url("/v1/embeddings"), json={"model": MODEL_NAME, "input": texts},
-                      timeout=(5, 0.3))
+                      timeout=(5, 1.5))
     match = server.wait_for_log(r"client gone, (\d+) waiting inputs dropped", 30, start)
     assert match is not None, server.log_text()[start:]
     assert int(match[1]) > 0
