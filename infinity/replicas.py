@@ -19,7 +19,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 log = logging.getLogger("infinity.replicas")
@@ -73,7 +73,7 @@ class Replica:
     process: subprocess.Popen | None = None
     started: float = 0.0
     failures: int = 0  # quick deaths in a row
-    restart_at: float | None = field(default=None)
+    restart_at: float | None = None  # when a dead replica is started again
 
     def start(self) -> None:
         command = [sys.executable, "-m", "infinity", "serve", *self.serve_args, "--port", str(self.port)]
