@@ -6,7 +6,7 @@ take, limits)."""
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Annotated, Any, Literal, NewType, TypeVar
 
@@ -599,42 +599,42 @@ def _is_token(value: Any) -> bool:
 def page_documents(body: RerankRequest, max_items: int) -> list[str]:
     """A page-retrieval rerank's query (checked) and documents as image data: URIs or URLs:
     each a string, or `{"content": [{"type": "image_url", "image_url": {"url": ...}}]}`."""
-    if not isinstance(body.query, str) or not body.query:
-        raise APIError(422, "query must be a non-empty string", param="query")
-    documents = body.documents
-    if not isinstance(documents, list) or not documents:
-        raise APIError(422, "documents must be a non-empty list of page images", param="documents")
-    _check_count(len(documents), max_items, "documents")
-    urls = []
-    for i, document in enumerate(documents):
+    def read(document: object) -> str | None:
         if isinstance(document, dict):
             try:
                 (part,) = msgspec.convert(document.get("content"), list[ImagePart])
-                document = part.image_url.url
             except (msgspec.ValidationError, ValueError, TypeError):
-                document = None
-        if not isinstance(document, str):
-            raise APIError(422, f"documents[{i}] must be a page image: a data: URI or URL, or an object whose "
-                                "content is one image_url part", param="documents")
-        urls.append(document)
-    return urls
+                return None
+            return part.image_url.url
+        return document if isinstance(document, str) else None
+
+    return _rerank_documents(body, max_items, read, "page images",
+                             "a page image: a data: URI or URL, or an object whose content is one image_url part")
 
 
 def rerank_inputs(body: RerankRequest, max_items: int) -> ModelInputs:
     """Check a rerank request: a non-empty query, documents as strings or {"text": ...}."""
+    def read(document: object) -> str | None:
+        text = document.get("text") if isinstance(document, dict) else document
+        return text if isinstance(text, str) else None
+
+    texts = _rerank_documents(body, max_items, read, "strings or of objects with 'text'",
+                              "a string or an object with a string 'text'")
+    return ModelInputs(texts=texts, query=body.query)
+
+
+def _rerank_documents(body: RerankRequest, max_items: int, read: Callable[[object], str | None], kinds: str,
+                      one: str) -> list[str]:
+    """A rerank request's documents, each as `read` makes it (None: not a document of
+    the model's kind, described as `one`; the list as `kinds`), after checking its query."""
     if not isinstance(body.query, str) or not body.query:
         raise APIError(422, "query must be a non-empty string", param="query")
     documents = body.documents
     if not isinstance(documents, list) or not documents:
-        raise APIError(422, "documents must be a non-empty list of strings or of objects with 'text'",
-                       param="documents")
+        raise APIError(422, f"documents must be a non-empty list of {kinds}", param="documents")
     _check_count(len(documents), max_items, "documents")
-    texts = []
-    for i, document in enumerate(documents):
-        if isinstance(document, dict):
-            document = document.get("text")
-        if not isinstance(document, str):
-            raise APIError(422, f"documents[{i}] must be a string or an object with a string 'text'",
-                           param="documents")
-        texts.append(document)
-    return ModelInputs(texts=texts, query=body.query)
+    read_documents = [read(document) for document in documents]
+    for i, document in enumerate(read_documents):
+        if document is None:
+            raise APIError(422, f"documents[{i}] must be {one}", param="documents")
+    return read_documents  # type: ignore[return-value]
