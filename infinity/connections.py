@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import itertools
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -59,13 +60,14 @@ class ConnectionLimits(msgspec.Struct, frozen=True):
 class GuardedConnection(web.RequestHandler):
     """aiohttp's handler of one connection, keeping its phase and when it began."""
 
-    __slots__ = ("_guard", "phase", "since", "_refused")
+    __slots__ = ("_guard", "phase", "since", "entered", "_refused")
 
     def __init__(self, manager: web.Server, guard: ConnectionGuard, **kwargs: Any) -> None:
         super().__init__(manager, **kwargs)
         self._guard = guard
         self.phase = Phase.HEADERS
         self.since = 0.0
+        self.entered = 0
         self._refused = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -92,6 +94,7 @@ class GuardedConnection(web.RequestHandler):
     def enter(self, phase: Phase) -> None:
         self.phase = phase
         self.since = self._guard.now()
+        self.entered = self._guard.next_entry()
 
     def close_now(self, answer_late: bool) -> None:
         """Close the connection: past its deadline (a request that came too slowly is
@@ -133,6 +136,9 @@ class ConnectionGuard:
         self._open: set[GuardedConnection] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._sweeper: asyncio.TimerHandle | None = None
+        # Which connection entered its phase first: uvloop's clock ticks in milliseconds, so
+        # connections accepted together share one `since` and cannot be ordered by it.
+        self._entries = itertools.count()
         self._deadlines = {Phase.HEADERS: limits.header_timeout, Phase.BODY: limits.body_timeout,
                            Phase.IDLE: limits.keepalive_timeout}
         # Deadlines are checked this often: a connection is cut at most this late.
@@ -145,6 +151,9 @@ class ConnectionGuard:
     def now(self) -> float:
         assert self._loop is not None
         return self._loop.time()
+
+    def next_entry(self) -> int:
+        return next(self._entries)
 
     def deadline_of(self, phase: Phase) -> float:
         return self._deadlines[phase]
@@ -165,7 +174,7 @@ class ConnectionGuard:
             if not waiting:
                 log.warning("%d connections open, all inside a request: refusing a new one", len(self._open))
                 return False
-            oldest = min(waiting, key=lambda c: c.since)
+            oldest = min(waiting, key=lambda c: c.entered)
             self._open.discard(oldest)
             oldest.close_now(answer_late=False)
         connection.enter(Phase.HEADERS)

@@ -112,20 +112,23 @@ def test_a_keep_alive_connection_serves_several_requests_within_its_time(guarded
 
 
 def test_at_the_cap_idle_connections_make_room_for_new_clients(guarded_server):
-    idle = [connect(guarded_server) for _ in range(MAX_CONNECTIONS * 4)]
+    # A few more than the cap, not many more: a burst that overflows the kernel's accept
+    # queue is admitted over seconds of SYN retries, and the oldest would meet the header
+    # deadline (a 408) before a newcomer closes them.
+    beyond_cap = 20
+    waiting = [connect(guarded_server) for _ in range(MAX_CONNECTIONS + beyond_cap)]
     try:
         time.sleep(0.3)
         assert_serves(guarded_server)
-        closed = 0
-        for sock in idle[:MAX_CONNECTIONS * 3]:
-            sock.settimeout(5)
+        for number, sock in enumerate(waiting[:beyond_cap]):
+            sock.settimeout(HEADER_TIMEOUT / 2)
             try:
-                closed += sock.recv(1) == b""
-            except (ConnectionResetError, TimeoutError):
-                closed += 1
-        assert closed >= MAX_CONNECTIONS * 3 - 5, "the oldest idle connections were not closed for new ones"
+                answer = sock.recv(65536)
+            except ConnectionResetError:
+                answer = b""
+            assert answer == b"", f"connection {number} of the oldest was not closed for a new one: {answer[:100]!r}"
     finally:
-        for sock in idle:
+        for sock in waiting:
             sock.close()
 
 
