@@ -1,6 +1,6 @@
 """In-process throughput ceiling: sentence-transformers on CPU, no server in the way.
 
-Two numbers, on the same corpus the load generator sends (``bench.corpus``):
+Two numbers, on the same corpus the load generator sends (``infinity.shared.corpus``):
 
 * batch path: ``SentenceTransformer.encode(chunk, batch_size=32,
   normalize_embeddings=True)`` over consecutive corpus chunks of ``--chunk``
@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.corpus import sentences
+from infinity.shared.corpus import sentences
 from infinity.models import packaged_model_folder as model_dir
 
 BATCH_SIZE = 32

@@ -26,7 +26,7 @@ from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 import numpy as np
 from tokenizers import Tokenizer
 
-from bench.corpus import sentences
+from infinity.shared.corpus import sentences
 from bench.replay import pad_batch
 from infinity.config import ModelConfig
 from infinity.models import resolve_model

@@ -40,7 +40,7 @@ from pathlib import Path
 import numpy as np
 
 from bench import cpu
-from bench.corpus import sentences
+from infinity.shared.corpus import sentences
 from bench.loadgen import closed_loop
 from bench.run import (_INFINITY_ENV, ConfiguredServer, INFINITY_EMB, OUT_DIR, REPO, add_measurement_args, free_port,
                        least_disturbed, measure_child, parse_pairs, start_run, stop_server, wait_healthy, wait_quiet)

@@ -13,7 +13,7 @@ import time
 import numpy as np
 from tokenizers import Tokenizer
 
-from bench.corpus import sentences
+from infinity.shared.corpus import sentences
 from infinity.config import ModelConfig
 from infinity.models import resolve_model
 from workers.batching import split_by_cost

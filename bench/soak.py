@@ -67,7 +67,7 @@ from typing import Any
 import aiohttp
 import numpy as np
 
-from bench.corpus import sentences
+from infinity.shared.corpus import sentences
 from tests.conftest import (DIM, MODEL_NAME, ServerProcess, decode_embedding, descendant_pids, pid_alive,
                             reference_embed, shm_segments, start_server_process, start_time, wait_until)
 from tests.tiny_models import (CLASSIFIER_LABELS, CLASSIFIER_NAME, RERANKER_NAME, SCORING_MAX_LENGTH,

@@ -100,7 +100,10 @@ def main(argv: list[str] | None = None) -> None:
                             format="%(asctime)s %(levelname)s [front] %(message)s")
         from infinity.models import resolve_replicas
 
-        specs = [spec for model in config.models for spec in resolve_replicas(model)]
+        from infinity.shared.devices import cpu_computes_bfloat16
+
+        cpu_bfloat16 = config.server.auto_bfloat16 and cpu_computes_bfloat16()
+        specs = [spec for model in config.models for spec in resolve_replicas(model, cpu_bfloat16)]
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)

@@ -33,15 +33,22 @@ PACKAGED_MODEL_MODULE = "all_minilm_l6_v2"
 CHARS_PER_TOKEN_READ = 64
 
 
-def resolve_replicas(model: ModelConfig) -> list[ModelSpec]:
-    """One `ModelSpec` per device of the model (its replicas, which differ only in `device`)."""
-    spec = resolve_model(model)
+# Kinds whose outputs are vectors, so the bfloat16 trial can hold them to float32's by cosine.
+BFLOAT16_TRIAL_KINDS = ("embed", "multivector")
+
+
+def resolve_replicas(model: ModelConfig, cpu_bfloat16: bool = False) -> list[ModelSpec]:
+    """One `ModelSpec` per device of the model (its replicas, which differ only in `device`);
+    `cpu_bfloat16`: the CPUs compute bfloat16 natively (see `resolve_model`)."""
+    spec = resolve_model(model, cpu_bfloat16)
     return [msgspec.structs.replace(spec, device=device) for device in model.devices]
 
 
-def resolve_model(model: ModelConfig) -> ModelSpec:
+def resolve_model(model: ModelConfig, cpu_bfloat16: bool = False) -> ModelSpec:
     """Find the model's files and read its folder into a `ModelSpec` on the model's first
-    device."""
+    device. With `cpu_bfloat16` (CPUs that compute bfloat16 natively, and the server allows
+    it), `dtype = "auto"` on CPUs makes a model of `BFLOAT16_TRIAL_KINDS` try bfloat16 on
+    torch at load, with float32 on the engine `engine` would pick as its alternative."""
     folder = _model_folder(model)
     modules = _sentence_transformers_modules(folder)
     transformer_dir = folder / modules.get("Transformer", "")
@@ -64,14 +71,17 @@ def resolve_model(model: ModelConfig) -> ModelSpec:
     tasks = (multivector.tasks if multivector
              else text_tasks(model.name, transformer_dir, config) if kind == "image_text" else {})
     normalize = multivector.normalize if multivector else ("Normalize" in modules or not modules)
+    engine, dtype, float32_engine = _engine(model, kind, transformer_dir, tasks), _dtype(model), None
+    if cpu_bfloat16 and _tries_bfloat16(model, kind):
+        float32_engine, engine, dtype = engine, "torch", "bfloat16"
     spec = ModelSpec(
         name=model.name,
         kind=kind,
         path=str(transformer_dir),
         device=model.devices[0],
-        engine=(engine := _engine(model, kind, transformer_dir, tasks)),
+        engine=engine,
         fallback_engine="torch" if model.engine == "auto" and engine != "torch" else None,
-        dtype=_dtype(model),
+        dtype=dtype,
         pooling=pooling,
         normalize=model.normalize if model.normalize is not None else normalize,
         max_length=max_length,
@@ -84,6 +94,7 @@ def resolve_model(model: ModelConfig) -> ModelSpec:
         projection=multivector.projection if multivector else None,
         tasks=tasks,
         similarity=multivector.similarity if multivector else "",
+        float32_engine=float32_engine,
     )
     if kind == "sparse":
         spec = msgspec.structs.replace(spec, **_splade_settings(model, folder, modules, transformer_dir))
@@ -119,6 +130,13 @@ def _dtype(model: ModelConfig) -> str:
         return model.dtype
     on_gpus = all(devices.split(d)[0] in ("cuda", "rocm") for d in model.devices)
     return "float16" if on_gpus else "float32"
+
+
+def _tries_bfloat16(model: ModelConfig, kind: str) -> bool:
+    """Whether `dtype = "auto"` may choose bfloat16 for `model`: on CPUs only, on the torch
+    engine (the only one computing bfloat16 there), for kinds giving vectors."""
+    return (model.dtype == "auto" and model.engine in ("auto", "torch") and not model.compile
+            and kind in BFLOAT16_TRIAL_KINDS and all(devices.is_cpu(d) for d in model.devices))
 
 
 def _engine(model: ModelConfig, kind: str, transformer_dir: Path, tasks: dict[str, TaskEncoding]) -> str:

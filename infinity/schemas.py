@@ -327,6 +327,7 @@ class ReplicaCard(Struct):
     ready: bool
     inputs: int  # computed so far
     engine: str | None
+    dtype: str | None  # what it computes in: float32, bfloat16, ...
 
 
 class ModelCard(Struct, kw_only=True):
@@ -338,6 +339,7 @@ class ModelCard(Struct, kw_only=True):
                   "image_multivector"]
     capabilities: list[str]
     backend: str  # the engine of the first replica that loaded
+    dtype: str  # what the first replica that loaded computes in (before: what its spec asks)
     stats: ModelStats
     ready: bool
     dimensions: int | None

@@ -144,7 +144,10 @@ class ServerProcess:
         self.host = host
         # faulthandler: a child that crashes (SIGSEGV, SIGABRT) prints its Python stacks
         # into the log, so a failing test shows where.
-        self.env = {**os.environ, "PYTHONFAULTHANDLER": "1", **(env or {})}
+        # float32 unless a test asks otherwise: the parity tests hold our vectors to float32
+        # references within 1e-5, which bfloat16 is not meant to meet; on CPUs that compute
+        # bfloat16 natively `dtype = "auto"` could choose it (tests/test_bfloat16.py).
+        self.env = {**os.environ, "PYTHONFAULTHANDLER": "1", "INFINITY_AUTO_BFLOAT16": "false", **(env or {})}
         for key in [k for k, v in self.env.items() if v is None]:
             del self.env[key]  # env={"INFINITY_PORT": None} removes a variable
         self.config_text = config

@@ -89,7 +89,7 @@ def serve(args: protocol.WorkerArgs, context: zmq.Context, inbox: zmq.Socket, to
     infos = [protocol.ModelInfo(spec.name, spec.kind, models[spec.name].head.dim, spec.max_length,
                                 models[spec.name].head.labels, models[spec.name].head.activation,
                                 arenas[spec.name].name, args.arena_slots, models[spec.name].engine.name,
-                                models[spec.name].head.ragged)
+                                models[spec.name].head.ragged, models[spec.name].dtype)
              for spec in args.models]
     sender.send(protocol.Ready(args.name, os.getpid(), infos))
     _serve(by_queue, scheduler, sender)  # until SIGTERM

@@ -41,6 +41,7 @@ def _model_card(model: ServedModel) -> ModelCard:
         kind=spec.kind,  # type: ignore[arg-type]
         capabilities=KIND_CAPABILITIES[spec.kind],
         backend=info.engine if info else spec.engine,
+        dtype=info.dtype if info else spec.dtype,
         stats=ModelStats(queue_fraction=queued / model.pool.capacity, queue_absolute=queued,
                          results_pending=sum(replica.outstanding for replica in model.replicas),
                          batch_size=spec.max_batch_size),
@@ -50,7 +51,8 @@ def _model_card(model: ServedModel) -> ModelCard:
         devices=[replica.device for replica in model.replicas],
         # Each replica's readiness and the inputs it has computed (how the load spreads).
         replicas=[ReplicaCard(replica.device, replica.ready, replica.served,
-                              replica.info.engine if replica.info else None) for replica in model.replicas],
+                              replica.info.engine if replica.info else None,
+                              replica.info.dtype if replica.info else None) for replica in model.replicas],
     )
 
 

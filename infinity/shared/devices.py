@@ -97,3 +97,21 @@ def _missing(device: str) -> str | None:
         return f"this machine has no {platform} device visible (check the driver and {visible})"
     present = ", ".join(f"{kind}:{i}" for i in range(count))
     return f"this machine has {count} {platform} device{'s' if count > 1 else ''} ({present})"
+
+
+# CPU flags of instructions that compute bfloat16 dot products (Intel since Cooper Lake,
+# AMD since Zen 4); without them torch emulates bfloat16, slower than float32.
+NATIVE_BFLOAT16_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
+
+
+def cpu_computes_bfloat16(cpuinfo: str = "/proc/cpuinfo") -> bool:
+    """Whether this machine's CPU has bfloat16 dot-product instructions (Linux's flags;
+    False where they cannot be read)."""
+    try:
+        with open(cpuinfo) as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return not NATIVE_BFLOAT16_FLAGS.isdisjoint(line.partition(":")[2].split())
+    except OSError:
+        pass
+    return False

@@ -77,6 +77,10 @@ class ModelSpec(msgspec.Struct, frozen=True):
     # A sparse model's own cap on its nonzero entries (sentence-transformers'
     # max_active_dims): only the largest this many are answered (None: all).
     max_active_dims: int | None = None
+    # Set where `dtype = "auto"` chose bfloat16 on a CPU that computes it natively: the
+    # engine to serve float32 with if the trial at load (workers/precision.py) finds bfloat16
+    # not close enough to float32 or not faster.
+    float32_engine: str | None = None
 
     @property
     def reads_unattended_states(self) -> bool:
@@ -123,6 +127,7 @@ class ModelInfo(msgspec.Struct, frozen=True, array_like=True):
     engine: str  # the engine that loaded it ("auto" resolved, fallback applied)
     # Its outputs vary in size and come with `Done` (`Ragged`); its arena holds nothing.
     ragged: bool = False
+    dtype: str = "float32"  # what it computes in (after the bfloat16 trial, where there was one)
 
 
 class Tokenize(msgspec.Struct, tag=True, array_like=True):

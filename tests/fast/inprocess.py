@@ -136,7 +136,7 @@ class ThreadLauncher:
 
     def _load(self, spec: ModelSpec, threads: int) -> LoadedModel:
         head = load_head(spec)
-        return LoadedModel(FakeEngine(spec, head.output, head.dim, self.gate), head)
+        return LoadedModel(FakeEngine(spec, head.output, head.dim, self.gate), head, spec.dtype)
 
 
 @contextlib.asynccontextmanager

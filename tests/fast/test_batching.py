@@ -318,7 +318,7 @@ class _RawHead:
 def _model(engine):
     from workers.heads import LoadedModel
 
-    return LoadedModel(engine, _RawHead())
+    return LoadedModel(engine, _RawHead(), "float32")
 
 
 class _Arena:

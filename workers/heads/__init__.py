@@ -34,11 +34,13 @@ def load_head(spec: ModelSpec) -> Head:
 
 
 class LoadedModel:
-    """A model as an inference process runs it: its engine's forward pass, then its head."""
+    """A model as an inference process runs it: its engine's forward pass, then its head;
+    `dtype`: what the engine computes in."""
 
-    def __init__(self, engine: Engine, head: Head) -> None:
+    def __init__(self, engine: Engine, head: Head, dtype: str) -> None:
         self.engine = engine
         self.head = head
+        self.dtype = dtype
 
     @torch.inference_mode()
     def forward(self, input_ids: np.ndarray, attention_mask: np.ndarray, token_type_ids: np.ndarray,
@@ -68,6 +70,11 @@ class LoadedModel:
 
 
 def load_model(spec: ModelSpec, threads: int) -> LoadedModel:
-    """The spec's head, and the engine that gives it the raw output it needs."""
+    """The spec's head, and the engine that gives it the raw output it needs; where
+    `dtype = "auto"` chose bfloat16, in the precision its trial settles (workers/precision.py)."""
+    if spec.float32_engine is not None:
+        from workers.precision import load_by_trial
+
+        return load_by_trial(spec, threads, load_model)
     head = load_head(spec)
-    return LoadedModel(load_engine(spec, threads, head.output), head)
+    return LoadedModel(load_engine(spec, threads, head.output), head, spec.dtype)

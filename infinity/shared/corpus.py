@@ -1,4 +1,5 @@
-"""Deterministic benchmark corpus: English-like sentences of varied length.
+"""A deterministic corpus of English-like sentences of varied length: the texts of the
+benchmarks, and of the inference processes' bfloat16 trial (workers/precision.py).
 
 Texts are built from a fixed vocabulary with a seeded ``random.Random``, so the
 same ``(n, seed)`` always gives the same list, on any machine, with no download.
@@ -6,7 +7,7 @@ Each text is one or more grammatical-looking clauses and has between
 ``MIN_WORDS`` and ``MAX_WORDS`` words. Lengths are log-uniform, so short queries
 and long passages both appear often (median around 25 words).
 
-Usage: ``python -m bench.corpus [N] [SEED]`` prints N texts, one per line.
+Usage: ``python -m infinity.shared.corpus [N] [SEED]`` prints N texts, one per line.
 """
 
 from __future__ import annotations

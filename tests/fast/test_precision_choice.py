@@ -1,0 +1,72 @@
+"""`dtype = "auto"` and bfloat16 on CPUs, without loading a model: which models try it,
+what the trial's figures decide, and how the CPU's support is read."""
+
+from __future__ import annotations
+
+import pytest
+
+from infinity.config import ModelConfig, load_config
+from infinity.models import resolve_model
+from infinity.shared.devices import cpu_computes_bfloat16
+from workers.precision import TrialFigures, keeps_bfloat16
+
+CLOSE = {"mean_cosine": 0.99995, "min_cosine": 0.9999}
+FASTER = {"bfloat16_per_s": 300.0, "float32_per_s": 140.0, "bfloat16_lone_ms": 3.0, "float32_lone_ms": 2.8}
+
+
+def test_bfloat16_is_kept_when_it_is_close_and_faster():
+    keep, why = keeps_bfloat16(TrialFigures(**CLOSE, **FASTER))
+    assert keep and "300 texts/s" in why
+
+
+@pytest.mark.parametrize("changed, reason", [
+    ({"mean_cosine": 0.99985}, "not close enough"),
+    ({"min_cosine": 0.998}, "not close enough"),
+    ({"bfloat16_per_s": 140.0}, "not faster"),
+    ({"bfloat16_per_s": 100.0}, "not faster"),
+    ({"bfloat16_lone_ms": 4.3}, "lone text is slower"),
+])
+def test_bfloat16_is_refused_when_it_strays_or_is_slower(changed, reason):
+    keep, why = keeps_bfloat16(TrialFigures(**{**CLOSE, **FASTER, **changed}))
+    assert not keep and reason in why
+
+
+def test_on_a_cpu_computing_bfloat16_an_auto_embedder_tries_it_against_its_float32_engine():
+    spec = resolve_model(ModelConfig(name="m"), cpu_bfloat16=True)
+    assert (spec.engine, spec.dtype, spec.fallback_engine) == ("torch", "bfloat16", None)
+    assert spec.float32_engine == resolve_model(ModelConfig(name="m")).engine
+
+
+@pytest.mark.parametrize("model", [
+    ModelConfig(name="m", dtype="float32"),  # float32 asked for: exact
+    ModelConfig(name="m", engine="ctranslate2"),  # an engine that computes no bfloat16 on CPUs
+    ModelConfig(name="m", engine="onnx"),
+    ModelConfig(name="m", compile=True),
+    ModelConfig(name="m", kind="rerank"),  # scores, not vectors: no cosine to hold them to
+    ModelConfig(name="m", device="cuda"),
+], ids=["float32", "ctranslate2", "onnx", "compile", "rerank", "cuda"])
+def test_other_models_do_not_try_bfloat16(model):
+    spec = resolve_model(model, cpu_bfloat16=True)
+    assert spec.float32_engine is None and spec.dtype != "bfloat16"
+
+
+def test_without_the_cpu_support_auto_stays_float32():
+    spec = resolve_model(ModelConfig(name="m"), cpu_bfloat16=False)
+    assert spec.float32_engine is None and spec.dtype == "float32"
+
+
+def test_an_operator_can_turn_the_choice_off():
+    assert load_config(env={}).server.auto_bfloat16
+    assert not load_config(env={"INFINITY_AUTO_BFLOAT16": "false"}).server.auto_bfloat16
+
+
+@pytest.mark.parametrize("flags, computes", [
+    ("fpu sse2 avx2 avx512f avx512_bf16 avx512_vnni", True),
+    ("fpu sse2 avx2 amx_bf16 amx_tile", True),
+    ("fpu sse2 avx2 avx512f avx512_vnni", False),
+])
+def test_the_cpu_support_is_read_from_its_flags(tmp_path, flags, computes):
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(f"processor\t: 0\nmodel name\t: a CPU\nflags\t\t: {flags}\n\n")
+    assert cpu_computes_bfloat16(str(cpuinfo)) is computes
+    assert cpu_computes_bfloat16(str(tmp_path / "missing")) is False

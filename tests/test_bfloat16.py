@@ -1,0 +1,53 @@
+"""bfloat16 on CPUs that compute it natively: its fidelity to float32 on the packaged model,
+and a server whose `dtype = "auto"` may choose it reporting what it chose. Skipped, with
+the reason, on CPUs without bfloat16 instructions (there `auto` is float32, as the last
+test checks on any machine)."""
+
+from __future__ import annotations
+
+import re
+
+import msgspec
+import numpy as np
+import pytest
+
+from infinity.config import ModelConfig
+from infinity.models import resolve_model
+from infinity.shared.devices import cpu_computes_bfloat16
+from tests.conftest import MODEL_NAME
+from workers.heads import load_model
+from workers.precision import MEAN_COSINE, MIN_COSINE, run_trial
+
+pytestmark = pytest.mark.timeout(300)
+
+needs_bfloat16 = pytest.mark.skipif(not cpu_computes_bfloat16(),
+                                    reason="this CPU has no bfloat16 instructions (avx512_bf16, amx_bf16)")
+
+
+@needs_bfloat16
+def test_bfloat16_vectors_of_the_packaged_model_meet_the_bar_against_float32():
+    spec = resolve_model(ModelConfig(name="default"), cpu_bfloat16=True)
+    reduced = load_model(msgspec.structs.replace(spec, float32_engine=None), threads=2)
+    exact = load_model(msgspec.structs.replace(spec, float32_engine=None, dtype="float32"), threads=2)
+    assert (reduced.dtype, exact.dtype) == ("bfloat16", "float32")
+    figures = run_trial(spec, reduced, exact, threads=2)
+    assert figures.mean_cosine >= MEAN_COSINE and figures.min_cosine >= MIN_COSINE, figures
+    assert figures.mean_cosine < 1.0  # bfloat16 was computed, not float32 twice
+
+
+@needs_bfloat16
+def test_a_server_that_may_choose_bfloat16_reports_what_its_trial_chose(start_server, server):
+    chooser = start_server(env={"INFINITY_AUTO_BFLOAT16": "true"})
+    card = chooser.get("/v1/models").json()["data"][0]
+    chosen = re.search(rf"'{MODEL_NAME}' serves (\w+): ", chooser.log_text())
+    assert chosen is not None, "the trial's decision is not logged"
+    assert card["dtype"] == chosen[1] and card["replicas"][0]["dtype"] == chosen[1]
+    assert card["backend"] == ("torch" if chosen[1] == "bfloat16" else "ctranslate2")
+    texts = ["a short query", "a longer passage about rivers, bridges and the cities built beside them " * 3]
+    ours, exact = (np.array([row["embedding"] for row in s.embed(texts).json()["data"]]) for s in (chooser, server))
+    assert ((ours * exact).sum(axis=1) >= MIN_COSINE).all()
+
+
+def test_a_float32_server_reports_float32(server):
+    card = server.get("/v1/models").json()["data"][0]
+    assert card["dtype"] == "float32" and card["replicas"][0]["dtype"] == "float32"

@@ -1,0 +1,167 @@
+"""The bfloat16 trial at load: where `dtype = "auto"` chose bfloat16 on a CPU that computes
+it natively (`ModelSpec.float32_engine` is set), the model is loaded in bfloat16 on torch
+and in float32 on the engine `auto` would otherwise pick, both run the same built-in
+texts, and bfloat16 is kept only if its vectors stay within a cosine bar of float32's and
+it is faster; else the float32 model serves. The losing model is dropped before serving.
+
+The bar (`MEAN_COSINE`, `MIN_COSINE`) is over every output vector of the trial texts (a
+multi-vector model's, every token's). "Faster": more texts per second in batches of 8 of similar lengths
+shared by the lanes, with a lone short text at most `LONE_SLOWDOWN` times float32's (on small
+models a pass over a few tokens costs torch more fixed time than CTranslate2, while
+batches run several times faster: bench/RESULTS.md, "bfloat16 on CPUs").
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import msgspec
+import numpy as np
+import torch
+
+from infinity.shared.corpus import sentences
+from infinity.shared.protocol import ModelSpec
+from workers.tokenization import load_tokenizer
+
+if TYPE_CHECKING:
+    from workers.heads import LoadedModel
+
+log = logging.getLogger(__name__)
+
+MEAN_COSINE = 0.9999
+MIN_COSINE = 0.999
+LONE_SLOWDOWN = 1.5
+TRIAL_TEXTS = 64
+TRIAL_BATCH = 8
+TRIAL_ROUNDS = 2
+SPIN_DOWN_S = 0.3
+_SEED = 20261201  # any fixed seed: the same texts on every start
+
+
+@dataclass(frozen=True)
+class TrialFigures:
+    """bfloat16 against float32 on the trial texts."""
+
+    mean_cosine: float
+    min_cosine: float
+    bfloat16_per_s: float  # texts per second in batches of 8 of similar lengths shared by the lanes
+    float32_per_s: float
+    bfloat16_lone_ms: float  # one short text, median
+    float32_lone_ms: float
+
+
+def keeps_bfloat16(figures: TrialFigures) -> tuple[bool, str]:
+    """Whether bfloat16 serves, and why (or why not)."""
+    if figures.mean_cosine < MEAN_COSINE or figures.min_cosine < MIN_COSINE:
+        return False, (f"its vectors are not close enough to float32's (mean cosine {figures.mean_cosine:.6f}, "
+                       f"min {figures.min_cosine:.6f}; the bar is {MEAN_COSINE} and {MIN_COSINE})")
+    if figures.bfloat16_per_s <= figures.float32_per_s:
+        return False, (f"it is not faster ({figures.bfloat16_per_s:.0f} texts/s against float32's "
+                       f"{figures.float32_per_s:.0f})")
+    if figures.bfloat16_lone_ms > LONE_SLOWDOWN * figures.float32_lone_ms:
+        return False, (f"a lone text is slower ({figures.bfloat16_lone_ms:.1f} ms against float32's "
+                       f"{figures.float32_lone_ms:.1f} ms)")
+    return True, (f"{figures.bfloat16_per_s:.0f} texts/s against float32's {figures.float32_per_s:.0f}, a lone text "
+                  f"{figures.bfloat16_lone_ms:.1f} ms against {figures.float32_lone_ms:.1f} ms; vectors' cosine to "
+                  f"float32's: mean {figures.mean_cosine:.6f}, min {figures.min_cosine:.6f}")
+
+
+def load_by_trial(spec: ModelSpec, threads: int, load: Callable[[ModelSpec, int], LoadedModel]) -> LoadedModel:
+    """The model `spec` asks for in bfloat16, or in float32 on `spec.float32_engine` if the
+    trial says so (`load`: how one spec is loaded)."""
+    assert spec.float32_engine is not None
+    float32_spec = msgspec.structs.replace(
+        spec, engine=spec.float32_engine, dtype="float32", float32_engine=None,
+        fallback_engine="torch" if spec.float32_engine != "torch" else None)
+    exact = load(float32_spec, threads)
+    try:
+        reduced = load(msgspec.structs.replace(spec, float32_engine=None, fallback_engine=None), threads)
+    except Exception:
+        log.warning("'%s' cannot load in bfloat16; serving float32", spec.name, exc_info=True)
+        return exact
+    figures = run_trial(spec, reduced, exact, threads)
+    keep, why = keeps_bfloat16(figures)
+    log.info("'%s' serves %s: %s", spec.name, "bfloat16" if keep else "float32", why)
+    chosen = reduced if keep else exact
+    del reduced, exact
+    gc.collect()
+    return chosen
+
+
+def run_trial(spec: ModelSpec, reduced: LoadedModel, exact: LoadedModel, threads: int) -> TrialFigures:
+    """Run both models on the trial texts: their vectors' cosines and their speeds."""
+    tokenizer = load_tokenizer(spec)
+    tokenizer.enable_truncation(spec.max_length)
+    # Batches of similar lengths, as the scheduler groups them.
+    encodings = sorted(tokenizer.encode_batch(sentences(TRIAL_TEXTS, _SEED)), key=len)
+    batches = [_padded([e.ids for e in encodings[i:i + TRIAL_BATCH]], reduced.engine.pad_id)
+               for i in range(0, len(encodings), TRIAL_BATCH)]
+    lone = _padded([encodings[0].ids], reduced.engine.pad_id)
+    models = {"bfloat16": reduced, "float32": exact}
+    outputs, per_s, lone_ms = {}, {name: 0.0 for name in models}, {name: float("inf") for name in models}
+    for name, model in models.items():
+        _size_torch_threads(model, threads)
+        outputs[name] = [model.forward(*batch) for batch in batches]  # also the warm-up of these shapes
+    # Rounds alternate the models and keep each one's best: one engine's threads spin for a
+    # while after its pass (OpenMP's block time) and would slow the other's first pass.
+    for _ in range(TRIAL_ROUNDS):
+        for name, model in models.items():
+            time.sleep(SPIN_DOWN_S)
+            _size_torch_threads(model, threads)
+            per_s[name] = max(per_s[name], _texts_per_second(model, batches))
+            lone_ms[name] = min(lone_ms[name], _lone_ms(model, lone))
+    cosines = _row_cosines(outputs["bfloat16"], outputs["float32"])
+    return TrialFigures(float(cosines.mean()), float(cosines.min()), per_s["bfloat16"], per_s["float32"],
+                        lone_ms["bfloat16"], lone_ms["float32"])
+
+
+def _size_torch_threads(model: LoadedModel, threads: int) -> None:
+    # As the inference process will (workers.engines.set_torch_threads): lanes share no pool.
+    torch.set_num_threads(threads if model.engine.lanes == 1 else 1)
+
+
+def _padded(sequences: list[list[int]], pad_id: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    longest = max(len(s) for s in sequences)
+    ids = np.full((len(sequences), longest), pad_id, dtype=np.int64)
+    mask = np.zeros_like(ids)
+    for row, sequence in enumerate(sequences):
+        ids[row, :len(sequence)] = sequence
+        mask[row, :len(sequence)] = 1
+    return ids, mask, np.zeros_like(ids)
+
+
+def _texts_per_second(model: LoadedModel, batches: list[tuple[np.ndarray, ...]]) -> float:
+    """The batches shared by the lanes."""
+    with ThreadPoolExecutor(model.engine.lanes) as pool:
+        start = time.perf_counter()
+        list(pool.map(lambda batch: model.forward(*batch), batches))
+        took = time.perf_counter() - start
+    return sum(len(batch[0]) for batch in batches) / took
+
+
+def _lone_ms(model: LoadedModel, lone: tuple[np.ndarray, ...], repeats: int = 9) -> float:
+    """The fastest of `repeats` passes: on a shared machine the slower ones measure the neighbours."""
+    wide = model.engine.widens
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        model.forward(*lone, wide=wide)
+        best = min(best, time.perf_counter() - start)
+    return best * 1e3
+
+
+def _row_cosines(reduced: list, exact: list) -> np.ndarray:
+    """The cosine of each output vector to its float32 counterpart (every token's, for
+    outputs with a vector per token)."""
+    def rows(outputs: list) -> np.ndarray:
+        return np.vstack([np.vstack(output) if isinstance(output, list) else output for output in outputs]
+                         ).astype(np.float64)
+
+    a, b = rows(reduced), rows(exact)
+    return (a * b).sum(axis=1) / np.maximum(np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1), 1e-30)
