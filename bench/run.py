@@ -234,6 +234,7 @@ def run_ceiling(args: argparse.Namespace) -> dict[str, float]:
         "--device", args.device,
         "--duration", str(args.ceiling_duration),
         "--chunk", str(args.ceiling_chunk),
+        "--model", args.model_dir,
     ]  # fmt: skip
     return measure_child(args, command)
 
@@ -526,6 +527,8 @@ def _parse_args() -> argparse.Namespace:
     parser.add_argument("--warmup", type=float, default=3.0, help="discarded seconds per load")
     parser.add_argument("--encoding-format", choices=("float", "base64"), default="float")
     parser.add_argument("--model", default=DEFAULT_MODEL, help="model name sent in requests")
+    parser.add_argument("--model-dir", help="model folder for {model_dir} and the ceiling (default: the packaged "
+                        "model); e.g. one of bench.base_models")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="ceiling threads")
     parser.add_argument("--device", default="cpu", help="device of the in-process ceiling (cpu, cuda)")
     parser.add_argument("--ceiling-duration", type=float, default=20.0)
@@ -548,7 +551,7 @@ def main() -> int:
     for index, command in enumerate(args.cmd):
         name = args.name[index] if index < len(args.name) else f"custom-{index + 1}"
         targets.append(Target(name, shlex.split(command)))
-    args.model_dir = str(model_dir())
+    args.model_dir = args.model_dir or str(model_dir())
     OUT_DIR.mkdir(parents=True, exist_ok=True)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
 

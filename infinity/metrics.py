@@ -91,8 +91,8 @@ class _PipelineCollector:
         }
         for model in self._pipeline.models.values():
             name = model.spec.name
-            engine = model.info.engine if model.info is not None else model.spec.engine
-            info.add_metric([name, model.spec.kind, engine, model.spec.dtype, str(len(model.replicas))], 1)
+            engine, dtype = (model.info.engine, model.info.dtype) if model.info else (model.spec.engine, model.spec.dtype)
+            info.add_metric([name, model.spec.kind, engine, dtype, str(len(model.replicas))], 1)
             families["ready"].add_metric([name], int(model.ready))
             families["inputs"].add_metric([name], model.served.inputs)
             families["tokens"].add_metric([name], model.served.prompt_tokens)

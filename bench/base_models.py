@@ -1,0 +1,57 @@
+"""Encoders of realistic size with random weights, for speed (which does not depend on the
+values): BERT-base and XLM-RoBERTa-base shapes (12 layers, 768 wide, 3072 in the feed
+forward), and a null model (one layer, 32 wide) whose inference costs next to nothing, so
+that a server's figures on it measure the serving path alone. Each is a plain
+transformers folder (our server and sentence-transformers pool it by the mean) with the
+packaged model's WordPiece tokenizer, built once under bench/out/models/.
+
+Usage: .venv/bin/python -m bench.base_models [NAME ...]   (prints each folder; default all)
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+from infinity.models import packaged_model_folder
+
+MODELS_DIR = Path(__file__).resolve().parent / "out" / "models"
+SHAPES = {
+    "bert-base": ("bert", {"hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12,
+                           "intermediate_size": 3072}),
+    # XLM-RoBERTa-base's own vocabulary is 250002 tokens; the WordPiece one is used here, which
+    # changes the size of the embedding table, not the work per token.
+    "xlm-roberta-base": ("xlm-roberta", {"hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12,
+                                         "intermediate_size": 3072, "pad_token_id": 0, "bos_token_id": 101,
+                                         "eos_token_id": 102}),
+    "null": ("bert", {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 1, "intermediate_size": 32}),
+}
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt")
+
+
+def build(name: str) -> Path:
+    """The folder of model `name` (a key of `SHAPES`), built on first use."""
+    import torch
+    from transformers import AutoConfig, AutoModel
+
+    folder = MODELS_DIR / name
+    if (folder / "config.json").is_file():
+        return folder
+    family, shape = SHAPES[name]
+    source = packaged_model_folder()
+    config = AutoConfig.for_model(family, vocab_size=30522, max_position_embeddings=514, **shape)
+    torch.manual_seed(0)
+    staging = folder.with_name(f".{name}-building")
+    shutil.rmtree(staging, ignore_errors=True)
+    AutoModel.from_config(config).save_pretrained(staging)
+    for file in _TOKENIZER_FILES:
+        if (source / file).is_file():
+            shutil.copy(source / file, staging / file)
+    staging.rename(folder)
+    return folder
+
+
+if __name__ == "__main__":
+    for model_name in sys.argv[1:] or SHAPES:
+        print(build(model_name))
