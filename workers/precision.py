@@ -1,14 +1,16 @@
 """The bfloat16 trial at load: where `dtype = "auto"` chose bfloat16 on a CPU that computes
 it natively (`ModelSpec.float32_engine` is set), the model is loaded in bfloat16 on torch
 and in float32 on the engine `auto` would otherwise pick, both run the same built-in
-texts, and bfloat16 is kept only if its vectors stay within a cosine bar of float32's and
-it is faster; else the float32 model serves. The losing model is dropped before serving.
+inputs (64 corpus texts; for a two-tower model also 8 random images or clips), and
+bfloat16 is kept only if, on each kind of input, its vectors stay within a cosine bar of
+float32's and it is faster; else the float32 model serves. The losing model is dropped
+before serving.
 
-The bar (`MEAN_COSINE`, `MIN_COSINE`) is over every output vector of the trial texts (a
-multi-vector model's, every token's). "Faster": more texts per second in batches of 8 of similar lengths
-shared by the lanes, with a lone short text at most `LONE_SLOWDOWN` times float32's (on small
-models a pass over a few tokens costs torch more fixed time than CTranslate2, while
-batches run several times faster: bench/RESULTS.md, "bfloat16 on CPUs").
+The bar (`MEAN_COSINE`, `MIN_COSINE`) is over every output vector (a multi-vector model's,
+every token's). "Faster": more inputs per second in batches of similar ones shared by the
+lanes, with a lone short input at most `LONE_SLOWDOWN` times float32's (on small models a
+pass over a few tokens costs torch more fixed time than CTranslate2, while batches run
+several times faster: bench/RESULTS.md, "bfloat16 on CPUs").
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING
 
 import msgspec
@@ -26,7 +29,9 @@ import numpy as np
 import torch
 
 from infinity.shared.corpus import sentences
+from infinity.shared.media import MEDIUM_OF_KIND
 from infinity.shared.protocol import ModelSpec
+from workers.media_towers import media_module
 from workers.tokenization import load_tokenizer
 
 if TYPE_CHECKING:
@@ -39,6 +44,8 @@ MIN_COSINE = 0.999
 LONE_SLOWDOWN = 1.5
 TRIAL_TEXTS = 64
 TRIAL_BATCH = 8
+TRIAL_MEDIA = 8
+TRIAL_MEDIA_BATCH = 4
 TRIAL_ROUNDS = 2
 SPIN_DOWN_S = 0.3
 _SEED = 20261201  # any fixed seed: the same texts on every start
@@ -46,30 +53,42 @@ _SEED = 20261201  # any fixed seed: the same texts on every start
 
 @dataclass(frozen=True)
 class TrialFigures:
-    """bfloat16 against float32 on the trial texts."""
+    """bfloat16 against float32 on one kind of the trial's inputs."""
 
+    inputs: str  # "texts", or a two-tower model's "images" or "clips"
     mean_cosine: float
     min_cosine: float
-    bfloat16_per_s: float  # texts per second in batches of 8 of similar lengths shared by the lanes
+    bfloat16_per_s: float  # inputs per second in batches of similar ones shared by the lanes
     float32_per_s: float
-    bfloat16_lone_ms: float  # one short text, median
+    bfloat16_lone_ms: float  # one short input, the fastest of a few
     float32_lone_ms: float
 
 
-def keeps_bfloat16(figures: TrialFigures) -> tuple[bool, str]:
-    """Whether bfloat16 serves, and why (or why not)."""
+def keeps_bfloat16(trials: list[TrialFigures]) -> tuple[bool, str]:
+    """Whether bfloat16 serves (it must pass on every kind of input), and why (or why not)."""
+    verdicts = []
+    for figures in trials:
+        keep, why = _verdict(figures)
+        if not keep:
+            return False, f"{figures.inputs}: {why}"
+        verdicts.append(f"{figures.inputs}: {why}")
+    return True, "; ".join(verdicts)
+
+
+def _verdict(figures: TrialFigures) -> tuple[bool, str]:
+    what = figures.inputs
     if figures.mean_cosine < MEAN_COSINE or figures.min_cosine < MIN_COSINE:
         return False, (f"its vectors are not close enough to float32's (mean cosine {figures.mean_cosine:.6f}, "
                        f"min {figures.min_cosine:.6f}; the bar is {MEAN_COSINE} and {MIN_COSINE})")
     if figures.bfloat16_per_s <= figures.float32_per_s:
-        return False, (f"it is not faster ({figures.bfloat16_per_s:.0f} texts/s against float32's "
-                       f"{figures.float32_per_s:.0f})")
+        return False, (f"it is not faster ({figures.bfloat16_per_s:.1f} {what}/s against float32's "
+                       f"{figures.float32_per_s:.1f})")
     if figures.bfloat16_lone_ms > LONE_SLOWDOWN * figures.float32_lone_ms:
-        return False, (f"a lone text is slower ({figures.bfloat16_lone_ms:.1f} ms against float32's "
+        return False, (f"a lone input is slower ({figures.bfloat16_lone_ms:.1f} ms against float32's "
                        f"{figures.float32_lone_ms:.1f} ms)")
-    return True, (f"{figures.bfloat16_per_s:.0f} texts/s against float32's {figures.float32_per_s:.0f}, a lone text "
-                  f"{figures.bfloat16_lone_ms:.1f} ms against {figures.float32_lone_ms:.1f} ms; vectors' cosine to "
-                  f"float32's: mean {figures.mean_cosine:.6f}, min {figures.min_cosine:.6f}")
+    return True, (f"{figures.bfloat16_per_s:.1f} {what}/s against float32's {figures.float32_per_s:.1f}, a lone "
+                  f"input {figures.bfloat16_lone_ms:.1f} ms against {figures.float32_lone_ms:.1f} ms; vectors' cosine "
+                  f"to float32's: mean {figures.mean_cosine:.6f}, min {figures.min_cosine:.6f}")
 
 
 def load_by_trial(spec: ModelSpec, threads: int, load: Callable[[ModelSpec, int], LoadedModel]) -> LoadedModel:
@@ -85,8 +104,7 @@ def load_by_trial(spec: ModelSpec, threads: int, load: Callable[[ModelSpec, int]
     except Exception:
         log.warning("'%s' cannot load in bfloat16; serving float32", spec.name, exc_info=True)
         return exact
-    figures = run_trial(spec, reduced, exact, threads)
-    keep, why = keeps_bfloat16(figures)
+    keep, why = keeps_bfloat16(run_trial(spec, reduced, exact, threads))
     log.info("'%s' serves %s: %s", spec.name, "bfloat16" if keep else "float32", why)
     chosen = reduced if keep else exact
     del reduced, exact
@@ -94,31 +112,73 @@ def load_by_trial(spec: ModelSpec, threads: int, load: Callable[[ModelSpec, int]
     return chosen
 
 
-def run_trial(spec: ModelSpec, reduced: LoadedModel, exact: LoadedModel, threads: int) -> TrialFigures:
-    """Run both models on the trial texts: their vectors' cosines and their speeds."""
+# Runs one batch (or the lone input) of a trial on a model, giving its output.
+Pass = Callable[["LoadedModel"], object]
+
+
+@dataclass(frozen=True)
+class _Inputs:
+    name: str
+    batches: list[Pass]
+    sizes: list[int]  # inputs per batch
+    lone: Pass
+
+
+def run_trial(spec: ModelSpec, reduced: LoadedModel, exact: LoadedModel, threads: int) -> list[TrialFigures]:
+    """Run both models on the trial's texts (and a two-tower model's media): per kind of
+    input, their vectors' cosines and their speeds."""
+    trials = [_texts(spec, reduced.engine.pad_id)]
+    if spec.kind in MEDIUM_OF_KIND:
+        trials.append(_media(spec))
+    return [_measure(inputs, {"bfloat16": reduced, "float32": exact}, threads) for inputs in trials]
+
+
+def _texts(spec: ModelSpec, pad_id: int) -> _Inputs:
     tokenizer = load_tokenizer(spec)
     tokenizer.enable_truncation(spec.max_length)
     # Batches of similar lengths, as the scheduler groups them.
     encodings = sorted(tokenizer.encode_batch(sentences(TRIAL_TEXTS, _SEED)), key=len)
-    batches = [_padded([e.ids for e in encodings[i:i + TRIAL_BATCH]], reduced.engine.pad_id)
+    batches = [_padded([e.ids for e in encodings[i:i + TRIAL_BATCH]], pad_id)
                for i in range(0, len(encodings), TRIAL_BATCH)]
-    lone = _padded([encodings[0].ids], reduced.engine.pad_id)
-    models = {"bfloat16": reduced, "float32": exact}
+    lone = _padded([encodings[0].ids], pad_id)
+    return _Inputs("texts", [partial(_forward, batch=batch) for batch in batches], [len(b[0]) for b in batches],
+                   partial(_forward, batch=lone, lone=True))
+
+
+def _media(spec: ModelSpec) -> _Inputs:
+    """Random features in the shape of the model's media (pixels, spectrograms): bfloat16's
+    rounding shows on any values; blank ones would all give one vector."""
+    shape = media_module(spec.kind).example_features(spec, TRIAL_MEDIA).features.shape
+    features = np.random.default_rng(_SEED).standard_normal(shape).astype(np.float32)
+    chunks = [features[i:i + TRIAL_MEDIA_BATCH] for i in range(0, TRIAL_MEDIA, TRIAL_MEDIA_BATCH)]
+    return _Inputs(f"{MEDIUM_OF_KIND[spec.kind]}s", [partial(_forward_media, features=chunk) for chunk in chunks],
+                   [len(chunk) for chunk in chunks], partial(_forward_media, features=features[:1]))
+
+
+def _forward(model: LoadedModel, batch: tuple[np.ndarray, ...], lone: bool = False) -> object:
+    return model.forward(*batch, wide=lone and model.engine.widens)
+
+
+def _forward_media(model: LoadedModel, features: np.ndarray) -> object:
+    return model.forward_media(features)
+
+
+def _measure(inputs: _Inputs, models: dict[str, LoadedModel], threads: int) -> TrialFigures:
     outputs, per_s, lone_ms = {}, {name: 0.0 for name in models}, {name: float("inf") for name in models}
     for name, model in models.items():
         _size_torch_threads(model, threads)
-        outputs[name] = [model.forward(*batch) for batch in batches]  # also the warm-up of these shapes
+        outputs[name] = [run(model) for run in inputs.batches]  # also the warm-up of these shapes
     # Rounds alternate the models and keep each one's best: one engine's threads spin for a
     # while after its pass (OpenMP's block time) and would slow the other's first pass.
     for _ in range(TRIAL_ROUNDS):
         for name, model in models.items():
             time.sleep(SPIN_DOWN_S)
             _size_torch_threads(model, threads)
-            per_s[name] = max(per_s[name], _texts_per_second(model, batches))
-            lone_ms[name] = min(lone_ms[name], _lone_ms(model, lone))
+            per_s[name] = max(per_s[name], _per_second(model, inputs))
+            lone_ms[name] = min(lone_ms[name], _lone_ms(model, inputs.lone))
     cosines = _row_cosines(outputs["bfloat16"], outputs["float32"])
-    return TrialFigures(float(cosines.mean()), float(cosines.min()), per_s["bfloat16"], per_s["float32"],
-                        lone_ms["bfloat16"], lone_ms["float32"])
+    return TrialFigures(inputs.name, float(cosines.mean()), float(cosines.min()), per_s["bfloat16"],
+                        per_s["float32"], lone_ms["bfloat16"], lone_ms["float32"])
 
 
 def _size_torch_threads(model: LoadedModel, threads: int) -> None:
@@ -136,22 +196,21 @@ def _padded(sequences: list[list[int]], pad_id: int) -> tuple[np.ndarray, np.nda
     return ids, mask, np.zeros_like(ids)
 
 
-def _texts_per_second(model: LoadedModel, batches: list[tuple[np.ndarray, ...]]) -> float:
+def _per_second(model: LoadedModel, inputs: _Inputs) -> float:
     """The batches shared by the lanes."""
     with ThreadPoolExecutor(model.engine.lanes) as pool:
         start = time.perf_counter()
-        list(pool.map(lambda batch: model.forward(*batch), batches))
+        list(pool.map(lambda run: run(model), inputs.batches))
         took = time.perf_counter() - start
-    return sum(len(batch[0]) for batch in batches) / took
+    return sum(inputs.sizes) / took
 
 
-def _lone_ms(model: LoadedModel, lone: tuple[np.ndarray, ...], repeats: int = 9) -> float:
+def _lone_ms(model: LoadedModel, lone: Pass, repeats: int = 15) -> float:
     """The fastest of `repeats` passes: on a shared machine the slower ones measure the neighbours."""
-    wide = model.engine.widens
     best = float("inf")
     for _ in range(repeats):
         start = time.perf_counter()
-        model.forward(*lone, wide=wide)
+        lone(model)
         best = min(best, time.perf_counter() - start)
     return best * 1e3
 

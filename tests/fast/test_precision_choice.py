@@ -10,13 +10,13 @@ from infinity.models import resolve_model
 from infinity.shared.devices import cpu_computes_bfloat16
 from workers.precision import TrialFigures, keeps_bfloat16
 
-CLOSE = {"mean_cosine": 0.99995, "min_cosine": 0.9999}
+CLOSE = {"inputs": "texts", "mean_cosine": 0.99995, "min_cosine": 0.9999}
 FASTER = {"bfloat16_per_s": 300.0, "float32_per_s": 140.0, "bfloat16_lone_ms": 3.0, "float32_lone_ms": 2.8}
 
 
 def test_bfloat16_is_kept_when_it_is_close_and_faster():
-    keep, why = keeps_bfloat16(TrialFigures(**CLOSE, **FASTER))
-    assert keep and "300 texts/s" in why
+    keep, why = keeps_bfloat16([TrialFigures(**CLOSE, **FASTER)])
+    assert keep and "300.0 texts/s" in why
 
 
 @pytest.mark.parametrize("changed, reason", [
@@ -24,11 +24,21 @@ def test_bfloat16_is_kept_when_it_is_close_and_faster():
     ({"min_cosine": 0.998}, "not close enough"),
     ({"bfloat16_per_s": 140.0}, "not faster"),
     ({"bfloat16_per_s": 100.0}, "not faster"),
-    ({"bfloat16_lone_ms": 4.3}, "lone text is slower"),
+    ({"bfloat16_lone_ms": 4.3}, "lone input is slower"),
 ])
 def test_bfloat16_is_refused_when_it_strays_or_is_slower(changed, reason):
-    keep, why = keeps_bfloat16(TrialFigures(**{**CLOSE, **FASTER, **changed}))
+    keep, why = keeps_bfloat16([TrialFigures(**{**CLOSE, **FASTER, **changed})])
     assert not keep and reason in why
+
+
+def test_a_two_tower_model_keeps_bfloat16_only_if_both_kinds_of_input_pass():
+    texts = TrialFigures(**CLOSE, **FASTER)
+    images = TrialFigures(**{**CLOSE, **FASTER, "inputs": "images", "bfloat16_per_s": 40.0, "float32_per_s": 18.0})
+    keep, why = keeps_bfloat16([texts, images])
+    assert keep and "texts:" in why and "images: 40.0 images/s" in why
+    slower_texts = TrialFigures(**{**CLOSE, **FASTER, "bfloat16_per_s": 100.0})
+    keep, why = keeps_bfloat16([slower_texts, images])
+    assert not keep and why.startswith("texts: it is not faster")
 
 
 def test_on_a_cpu_computing_bfloat16_an_auto_embedder_tries_it_against_its_float32_engine():
@@ -43,8 +53,9 @@ def test_on_a_cpu_computing_bfloat16_an_auto_embedder_tries_it_against_its_float
     ModelConfig(name="m", engine="onnx"),
     ModelConfig(name="m", compile=True),
     ModelConfig(name="m", kind="rerank"),  # scores, not vectors: no cosine to hold them to
+    ModelConfig(name="m", kind="classify"),
     ModelConfig(name="m", device="cuda"),
-], ids=["float32", "ctranslate2", "onnx", "compile", "rerank", "cuda"])
+], ids=["float32", "ctranslate2", "onnx", "compile", "rerank", "classify", "cuda"])
 def test_other_models_do_not_try_bfloat16(model):
     spec = resolve_model(model, cpu_bfloat16=True)
     assert spec.float32_engine is None and spec.dtype != "bfloat16"

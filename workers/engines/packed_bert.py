@@ -9,8 +9,8 @@ matrix), so results equal the module's own forward up to float rounding.
 On a CPU in bfloat16 or float16 the linear layers run oneDNN kernels built for each
 shape when first met (many milliseconds each, kept in a bounded cache): the count of
 tokens is padded up to one of a few sizes (`token_bucket`), zero rows that cost a few
-percent, so a server meets each shape once instead of building kernels on most passes;
-and their weights are reordered for oneDNN once, at load (`prepacked`).
+percent, so a server meets each shape once instead of building kernels on most passes
+(their weights are prepacked: `workers.engines.onednn`).
 
 Attention: by default scaled-dot-product attention over the padded (n, L) layout with a
 key mask. On CUDA in float16 / bfloat16 with the `flash-attn` package installed, the
@@ -28,6 +28,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from workers.engines import onednn
+
 # flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k):
 # (tokens, heads, head_dim) each -> (tokens, heads, head_dim).
 VarlenAttention = Callable[..., torch.Tensor]
@@ -40,38 +42,22 @@ def supports(model: nn.Module) -> bool:
             and not getattr(config, "is_decoder", False))
 
 
-Linear = Callable[[torch.Tensor], torch.Tensor]
-
-
 class _Layer:
-    def __init__(self, layer: nn.Module, prepack: bool) -> None:
+    def __init__(self, layer: nn.Module) -> None:
         attention = layer.attention.self
-        qkv = nn.Linear(attention.query.in_features, 3 * attention.query.out_features).to(
+        self.qkv = nn.Linear(attention.query.in_features, 3 * attention.query.out_features).to(
             device=attention.query.weight.device, dtype=attention.query.weight.dtype)
         with torch.no_grad():
-            qkv.weight.copy_(torch.cat([attention.query.weight, attention.key.weight, attention.value.weight]))
-            qkv.bias.copy_(torch.cat([attention.query.bias, attention.key.bias, attention.value.bias]))
-        linear = prepacked if prepack else _as_is
-        self.qkv = linear(qkv)
-        self.attention_out = linear(layer.attention.output.dense)
+            self.qkv.weight.copy_(torch.cat([attention.query.weight, attention.key.weight, attention.value.weight]))
+            self.qkv.bias.copy_(torch.cat([attention.query.bias, attention.key.bias, attention.value.bias]))
+        if onednn.can_prepack(self.qkv.weight):
+            onednn.prepack(self.qkv)  # the module's other linear layers are the engine's to prepack
+        self.attention_out = layer.attention.output.dense
         self.attention_norm = layer.attention.output.LayerNorm
-        self.intermediate = linear(layer.intermediate.dense)
+        self.intermediate = layer.intermediate.dense
         self.activation = layer.intermediate.intermediate_act_fn
-        self.out = linear(layer.output.dense)
+        self.out = layer.output.dense
         self.out_norm = layer.output.LayerNorm
-
-
-def _as_is(linear: nn.Linear) -> Linear:
-    return linear
-
-
-def prepacked(linear: nn.Linear) -> Linear:
-    """`linear` with its weight reordered once into oneDNN's blocked layout, as
-    torch.compile's freezing does: a bfloat16 matmul on a CPU otherwise reorders the weight
-    on every call, about half the time of a pass over a few tokens. Same results."""
-    packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), None)
-    bias = None if linear.bias is None else linear.bias.detach()
-    return lambda x: torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
 
 
 def token_bucket(tokens: int) -> int:
@@ -100,13 +86,11 @@ def flash_varlen(device: torch.device, dtype: torch.dtype) -> VarlenAttention | 
 class PackedBert:
     def __init__(self, model: nn.Module) -> None:
         weight = model.embeddings.word_embeddings.weight
-        reduced_on_cpu = weight.device.type == "cpu" and weight.dtype in (torch.bfloat16, torch.float16)
         self._embeddings = model.embeddings
-        self._layers = [_Layer(layer, prepack=reduced_on_cpu and torch.backends.mkldnn.is_available())
-                        for layer in model.encoder.layer]
+        self._layers = [_Layer(layer) for layer in model.encoder.layer]
         self._heads = model.config.num_attention_heads
         self.varlen: VarlenAttention | None = flash_varlen(weight.device, weight.dtype)
-        self._buckets = reduced_on_cpu
+        self._buckets = weight.device.type == "cpu" and weight.dtype in (torch.bfloat16, torch.float16)
 
     def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                  token_type_ids: torch.Tensor) -> torch.Tensor:

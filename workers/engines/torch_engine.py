@@ -1,7 +1,8 @@
 """PyTorch engine: a transformers encoder with SDPA attention (where the architecture has
 it), padding-free (`packed_bert`) for BERT encoders, with its sequence-classification or
 masked-language-model head where logits are asked; optionally through `torch.compile`
-(`compile = true`)."""
+(`compile = true`). In bfloat16 / float16 on a CPU its linear layers are prepacked for
+oneDNN (`workers.engines.onednn`)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import torch
 
 from infinity.shared import devices
 from infinity.shared.protocol import ModelSpec
-from workers.engines import packed_bert
+from workers.engines import onednn, packed_bert
 from workers.engines.base import RawOutput, auto_class, model_output, pad_id
 from workers.engines.packed_bert import PackedBert
 
@@ -53,6 +54,8 @@ class TorchEngine:
         # The padding-free forward computes attended tokens only.
         packs = body is not None and packed_bert.supports(body) and not spec.reads_unattended_states
         self._packed = PackedBert(body) if packs else None
+        if not spec.compile and onednn.can_prepack(next(self._model.parameters())):
+            onednn.prepack_all(self._model)
         if spec.compile:
             # The module's own padded forward compiles whole; the padding-free one is cut into
             # pieces by its data-dependent token selection, so it is not used.
