@@ -1,7 +1,7 @@
 """The bfloat16 trial at load: where `dtype = "auto"` chose bfloat16 on a CPU that computes
 it natively (`ModelSpec.float32_engine` is set), the model is loaded in bfloat16 on torch
 and in float32 on the engine `auto` would otherwise pick, both run the same built-in
-inputs (64 corpus texts; for a two-tower model also 8 random images or clips), and
+inputs (64 corpus texts; for a two-tower model also 8 random images or clips' features), and
 bfloat16 is kept only if, on each kind of input, its vectors stay within a cosine bar of
 float32's and it is faster; else the float32 model serves. The losing model is dropped
 before serving.
@@ -48,6 +48,7 @@ TRIAL_MEDIA = 8
 TRIAL_MEDIA_BATCH = 4
 TRIAL_ROUNDS = 2
 SPIN_DOWN_S = 0.3
+_ITEMS = {"image": "images", "audio": "clips"}  # what the figures call a medium's items
 _SEED = 20261201  # any fixed seed: the same texts on every start
 
 
@@ -151,7 +152,7 @@ def _media(spec: ModelSpec) -> _Inputs:
     shape = media_module(spec.kind).example_features(spec, TRIAL_MEDIA).features.shape
     features = np.random.default_rng(_SEED).standard_normal(shape).astype(np.float32)
     chunks = [features[i:i + TRIAL_MEDIA_BATCH] for i in range(0, TRIAL_MEDIA, TRIAL_MEDIA_BATCH)]
-    return _Inputs(f"{MEDIUM_OF_KIND[spec.kind]}s", [partial(_forward_media, features=chunk) for chunk in chunks],
+    return _Inputs(_ITEMS[MEDIUM_OF_KIND[spec.kind]], [partial(_forward_media, features=chunk) for chunk in chunks],
                    [len(chunk) for chunk in chunks], partial(_forward_media, features=features[:1]))
 
 
