@@ -34,8 +34,8 @@ CHARS_PER_TOKEN_READ = 64
 
 
 # Kinds whose outputs are vectors, so the bfloat16 trial can hold them to float32's by cosine
-# (a two-tower model's on its texts and its images or clips alike).
-BFLOAT16_TRIAL_KINDS = ("embed", "multivector", "image_text", "audio_text")
+# (a two-tower model's on its texts and its images or clips alike; a page model's per token).
+BFLOAT16_TRIAL_KINDS = ("embed", "multivector", "image_text", "audio_text", "image_multivector")
 
 
 def resolve_replicas(model: ModelConfig, cpu_bfloat16: bool = False) -> list[ModelSpec]:

@@ -15,7 +15,7 @@ from infinity.config import ModelConfig
 from infinity.models import resolve_model
 from infinity.shared.devices import cpu_computes_bfloat16
 from tests.conftest import MODEL_NAME
-from tests.tiny_models import save_tiny_clap, save_tiny_clip, save_tiny_siglip
+from tests.tiny_models import save_tiny_clap, save_tiny_clip, save_tiny_colpali, save_tiny_colqwen2, save_tiny_siglip
 from workers.heads import load_model
 from workers.precision import MEAN_COSINE, MIN_COSINE, run_trial
 
@@ -40,9 +40,11 @@ def test_bfloat16_vectors_of_the_packaged_model_meet_the_bar_against_float32():
 @needs_bfloat16
 @pytest.mark.parametrize("save, float32_engine, items", [(save_tiny_clip, "onnx", "images"),
                                                           (save_tiny_siglip, "onnx", "images"),
-                                                          (save_tiny_clap, "torch", "clips")],
-                         ids=["clip", "siglip", "clap"])
-def test_a_two_tower_model_is_tried_on_its_texts_and_its_media(tmp_path, save, float32_engine, items):
+                                                          (save_tiny_clap, "torch", "clips"),
+                                                          (save_tiny_colpali, "torch", "images"),
+                                                          (save_tiny_colqwen2, "torch", "images")],
+                         ids=["clip", "siglip", "clap", "colpali", "colqwen2"])
+def test_a_model_that_sees_or_hears_is_tried_on_its_texts_and_its_media(tmp_path, save, float32_engine, items):
     folder = save(tmp_path / "two-tower")
     spec = resolve_model(ModelConfig(name="tower", source=str(folder)), cpu_bfloat16=True)
     assert (spec.engine, spec.dtype, spec.float32_engine) == ("torch", "bfloat16", float32_engine)

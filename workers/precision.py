@@ -1,7 +1,8 @@
 """The bfloat16 trial at load: where `dtype = "auto"` chose bfloat16 on a CPU that computes
 it natively (`ModelSpec.float32_engine` is set), the model is loaded in bfloat16 on torch
 and in float32 on the engine `auto` would otherwise pick, both run the same built-in
-inputs (64 corpus texts; for a two-tower model also 8 random images or clips' features), and
+inputs (64 corpus texts; for a model that sees or hears, also 8 random images, clips'
+features or pages with their prompts), and
 bfloat16 is kept only if, on each kind of input, its vectors stay within a cosine bar of
 float32's and it is faster; else the float32 model serves. The losing model is dropped
 before serving.
@@ -147,21 +148,32 @@ def _texts(spec: ModelSpec, pad_id: int) -> _Inputs:
 
 
 def _media(spec: ModelSpec) -> _Inputs:
-    """Random features in the shape of the model's media (pixels, spectrograms): bfloat16's
-    rounding shows on any values; blank ones would all give one vector."""
-    shape = media_module(spec.kind).example_features(spec, TRIAL_MEDIA).features.shape
-    features = np.random.default_rng(_SEED).standard_normal(shape).astype(np.float32)
-    chunks = [features[i:i + TRIAL_MEDIA_BATCH] for i in range(0, TRIAL_MEDIA, TRIAL_MEDIA_BATCH)]
-    return _Inputs(_ITEMS[MEDIUM_OF_KIND[spec.kind]], [partial(_forward_media, features=chunk) for chunk in chunks],
-                   [len(chunk) for chunk in chunks], partial(_forward_media, features=features[:1]))
+    """Random features in the shape of the model's media (pixels, spectrograms, a page
+    model's patches, with its prompts): bfloat16's rounding shows on any values; blank
+    ones would all give one vector."""
+    example = media_module(spec.kind).example_features(spec, TRIAL_MEDIA)
+    features = np.random.default_rng(_SEED).standard_normal(example.features.shape).astype(np.float32)
+    rows = len(features) // TRIAL_MEDIA  # an item's rows: 1, or its patches where items are flattened
+
+    def items(start: int, count: int) -> Pass:
+        ids = None if example.input_ids is None else example.input_ids[start:start + count]
+        grid = None if example.grid is None else example.grid[start:start + count]
+        return partial(_forward_media, features=features[start * rows:(start + count) * rows], ids=ids, grid=grid)
+
+    starts = range(0, TRIAL_MEDIA, TRIAL_MEDIA_BATCH)
+    return _Inputs(_ITEMS[MEDIUM_OF_KIND[spec.kind]], [items(start, TRIAL_MEDIA_BATCH) for start in starts],
+                   [TRIAL_MEDIA_BATCH] * len(starts), items(0, 1))
 
 
 def _forward(model: LoadedModel, batch: tuple[np.ndarray, ...], lone: bool = False) -> object:
     return model.forward(*batch, wide=lone and model.engine.widens)
 
 
-def _forward_media(model: LoadedModel, features: np.ndarray) -> object:
-    return model.forward_media(features)
+def _forward_media(model: LoadedModel, features: np.ndarray, ids: np.ndarray | None,
+                   grid: np.ndarray | None) -> object:
+    if ids is None:
+        return model.forward_media(features)
+    return model.forward_media(features, ids, np.ones_like(ids), np.zeros_like(ids), grid=grid)
 
 
 def _measure(inputs: _Inputs, models: dict[str, LoadedModel], threads: int) -> TrialFigures:
