@@ -103,10 +103,11 @@ def load_by_trial(spec: ModelSpec, threads: int, load: Callable[[ModelSpec, int]
     exact = load(float32_spec, threads)
     try:
         reduced = load(msgspec.structs.replace(spec, float32_engine=None, fallback_engine=None), threads)
+        keep, why = keeps_bfloat16(run_trial(spec, reduced, exact, threads))
     except Exception:
-        log.warning("'%s' cannot load in bfloat16; serving float32", spec.name, exc_info=True)
+        # bfloat16 is an option: a model that cannot load or run it is served as it was.
+        log.warning("'%s' cannot be tried in bfloat16; serving float32", spec.name, exc_info=True)
         return exact
-    keep, why = keeps_bfloat16(run_trial(spec, reduced, exact, threads))
     log.info("'%s' serves %s: %s", spec.name, "bfloat16" if keep else "float32", why)
     chosen = reduced if keep else exact
     del reduced, exact

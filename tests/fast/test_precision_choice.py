@@ -3,12 +3,14 @@ what the trial's figures decide, and how the CPU's support is read."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
 from infinity.config import ModelConfig, load_config
 from infinity.models import resolve_model
 from infinity.shared.devices import cpu_computes_bfloat16
-from workers.precision import TrialFigures, keeps_bfloat16
+from workers.precision import TrialFigures, keeps_bfloat16, load_by_trial
 
 CLOSE = {"inputs": "texts", "mean_cosine": 0.99995, "min_cosine": 0.9999}
 FASTER = {"bfloat16_per_s": 300.0, "float32_per_s": 140.0, "bfloat16_lone_ms": 3.0, "float32_lone_ms": 2.8}
@@ -81,3 +83,19 @@ def test_the_cpu_support_is_read_from_its_flags(tmp_path, flags, computes):
     cpuinfo.write_text(f"processor\t: 0\nmodel name\t: a CPU\nflags\t\t: {flags}\n\n")
     assert cpu_computes_bfloat16(str(cpuinfo)) is computes
     assert cpu_computes_bfloat16(str(tmp_path / "missing")) is False
+
+
+def test_a_model_whose_trial_fails_is_served_in_float32():
+    spec = resolve_model(ModelConfig(name="m"), cpu_bfloat16=True)
+    loaded = []
+
+    def fails(*args, **kwargs):
+        raise RuntimeError("no bfloat16 kernel for this op")
+
+    def load(asked, threads):
+        loaded.append(asked.dtype)
+        return SimpleNamespace(dtype=asked.dtype, forward=fails,
+                               engine=SimpleNamespace(pad_id=0, lanes=1, widens=False))
+
+    chosen = load_by_trial(spec, 1, load)
+    assert loaded == ["float32", "bfloat16"] and chosen.dtype == "float32"
