@@ -57,7 +57,7 @@ _SEED = 20261201  # any fixed seed: the same texts on every start
 class TrialFigures:
     """bfloat16 against float32 on one kind of the trial's inputs."""
 
-    inputs: str  # "texts", or a two-tower model's "images" or "clips"
+    inputs: str  # "texts", or the media of a model that sees or hears: "images" or "clips"
     mean_cosine: float
     min_cosine: float
     bfloat16_per_s: float  # inputs per second in batches of similar ones shared by the lanes
@@ -128,8 +128,8 @@ class _Inputs:
 
 
 def run_trial(spec: ModelSpec, reduced: LoadedModel, exact: LoadedModel, threads: int) -> list[TrialFigures]:
-    """Run both models on the trial's texts (and a two-tower model's media): per kind of
-    input, their vectors' cosines and their speeds."""
+    """Run both models on the trial's texts (and the media of a model that sees or hears):
+    per kind of input, their vectors' cosines and their speeds."""
     trials = [_texts(spec, reduced.engine.pad_id)]
     if spec.kind in MEDIUM_OF_KIND:
         trials.append(_media(spec))
