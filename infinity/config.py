@@ -107,9 +107,10 @@ class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     # Output type of embeddings when a request names none (see infinity/quantize.py).
     embedding_type: EmbeddingType = "float"
-    # On CPUs that compute bfloat16 natively, `dtype = "auto"` lets an embedding or
-    # multi-vector model run in bfloat16 where a trial at load finds it faster and its
-    # vectors within a cosine of float32's (workers/precision.py); false: float32 always.
+    # On CPUs that compute bfloat16 natively, `dtype = "auto"` lets a model whose outputs
+    # are vectors (infinity.models.BFLOAT16_TRIAL_KINDS) run in bfloat16 where a trial at
+    # load finds it faster and its vectors within a cosine of float32's
+    # (workers/precision.py); false: float32 always.
     auto_bfloat16: bool = True
 
     def __post_init__(self) -> None:

@@ -339,7 +339,7 @@ class ModelCard(Struct, kw_only=True):
                   "image_multivector"]
     capabilities: list[str]
     backend: str  # the engine of the first replica that loaded
-    dtype: str  # what the first replica that loaded computes in (before: what its spec asks)
+    dtype: str  # what the first replica that loaded computes in (until one has: what its spec asks)
     stats: ModelStats
     ready: bool
     dimensions: int | None

@@ -14,6 +14,7 @@ import torch
 from infinity.config import ModelConfig
 from infinity.models import resolve_model
 from tests.tiny_models import FAMILIES, save_tiny_bert, save_tiny_family_model
+from workers.engines import onednn
 from workers.engines.packed_bert import token_bucket
 from workers.heads import load_model
 
@@ -53,6 +54,21 @@ def test_packed_bert_equals_the_padded_module_forward(tmp_path, dtype):
                                           (1025, 1088), (16384, 16384)])
 def test_a_reduced_precision_pass_on_a_cpu_runs_at_a_bucket_of_rows(tokens, rows):
     assert token_bucket(tokens) == rows
+
+
+@pytest.mark.parametrize("shape", [(5, 48), (3, 7, 48)], ids=["rows", "batch of rows"])
+def test_a_prepacked_linear_layer_gives_the_plain_layers_results(shape):
+    """The padded and padding-free passes share the prepacked layers, so only this compares
+    them with what torch computes without prepacking."""
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(48, 40).to(torch.bfloat16)
+    x = torch.randn(*shape).to(torch.bfloat16)
+    with torch.inference_mode():
+        plain = linear(x)
+        onednn.prepack(linear)
+        packed = linear(x)
+    assert packed.shape == plain.shape
+    torch.testing.assert_close(packed.float(), plain.float(), atol=0.02, rtol=0.01)
 
 
 def test_buckets_are_few_and_add_at_most_a_sixteenth():

@@ -12,15 +12,20 @@ import torch
 from torch import nn
 
 
-def can_prepack(weight: torch.Tensor) -> bool:
+def uses_onednn(weight: torch.Tensor) -> bool:
+    """Whether a linear layer of `weight` runs through oneDNN: reduced precision on a CPU."""
     return (weight.device.type == "cpu" and weight.dtype in (torch.bfloat16, torch.float16)
             and torch.backends.mkldnn.is_available())
 
 
 def prepack(linear: nn.Linear) -> None:
     """Make `linear` compute with a prepacked copy of its weight. The module stays what it
-    was (its weight too, which some models read), so references to it keep working."""
-    packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), None)
+    was (its weight too, which some models read), so references to it keep working. Where
+    oneDNN cannot pack it (a CPU without the instructions it needs), it is left as it is."""
+    try:
+        packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), None)
+    except RuntimeError:
+        return
     bias = None if linear.bias is None else linear.bias.detach()
     out_features = linear.out_features
 

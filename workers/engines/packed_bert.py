@@ -50,7 +50,7 @@ class _Layer:
         with torch.no_grad():
             self.qkv.weight.copy_(torch.cat([attention.query.weight, attention.key.weight, attention.value.weight]))
             self.qkv.bias.copy_(torch.cat([attention.query.bias, attention.key.bias, attention.value.bias]))
-        if onednn.can_prepack(self.qkv.weight):
+        if onednn.uses_onednn(self.qkv.weight):
             onednn.prepack(self.qkv)  # the module's other linear layers are the engine's to prepack
         self.attention_out = layer.attention.output.dense
         self.attention_norm = layer.attention.output.LayerNorm
@@ -90,7 +90,7 @@ class PackedBert:
         self._layers = [_Layer(layer) for layer in model.encoder.layer]
         self._heads = model.config.num_attention_heads
         self.varlen: VarlenAttention | None = flash_varlen(weight.device, weight.dtype)
-        self._buckets = weight.device.type == "cpu" and weight.dtype in (torch.bfloat16, torch.float16)
+        self._buckets = onednn.uses_onednn(weight)
 
     def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                  token_type_ids: torch.Tensor) -> torch.Tensor:

@@ -54,7 +54,7 @@ class TorchEngine:
         # The padding-free forward computes attended tokens only.
         packs = body is not None and packed_bert.supports(body) and not spec.reads_unattended_states
         self._packed = PackedBert(body) if packs else None
-        if not spec.compile and onednn.can_prepack(next(self._model.parameters())):
+        if not spec.compile and onednn.uses_onednn(next(self._model.parameters())):
             onednn.prepack_all(self._model)
         if spec.compile:
             # The module's own padded forward compiles whole; the padding-free one is cut into
