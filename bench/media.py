@@ -14,7 +14,8 @@ here):
   196 image tokens, and a 6-layer 1024-wide Gemma; the released 3B model would give a
   fraction of a page per second on 2 CPU cores), 640x480 JPEG pages.
 
-The loop decodes the same bytes the servers get (Pillow; transformers' ``load_audio``),
+The loop (measured before the servers and again after them, the machine's speed drifts)
+decodes the same bytes the servers get (Pillow; transformers' ``load_audio``),
 runs the folder's processor and the model in batches of ``BATCH`` (``--threads`` torch
 threads). Each server gets closed-loop loads of ITEMSxCONCURRENCY.
 
@@ -321,6 +322,27 @@ def bench_peer(args: argparse.Namespace, family: Family, ceil: dict[str, float],
             stop_server(server)
 
 
+def measure_loop(args: argparse.Namespace, family: Family) -> dict[str, float]:
+    ceil = measure_child(args, [sys.executable, "-m", "bench.media", "--family", family.name, "--ceiling",
+                                "--threads", str(args.threads), "--ceiling-duration", str(args.ceiling_duration)])
+    print(f"  in-process loop: {ceil['media_per_s']:.1f} {family.modality} items/s, {ceil['texts_per_s']:.1f} texts/s,"
+          f" others' CPU {ceil['others_during']:.0%}", flush=True)
+    return ceil
+
+
+def summarize(rows: list[dict], before: dict[str, float], after: dict[str, float]) -> None:
+    """Each load against the loop measured before the servers and after them: the machine's
+    speed drifts over a run (by a fifth and more here), and the servers ran in between."""
+    print("\n| server | load | per s | of the loop before | after | of their mean |\n| --- | --- | ---: | ---: | ---: | ---: |")
+    for row in rows:
+        if "per_s" not in row:
+            continue
+        key = f"{row['kind']}_per_s"
+        mean = (before[key] + after[key]) / 2
+        print(f"| {row['server']} | {row['items']} {row['kind']} x c{row['concurrency']} | {row['per_s']:.1f} | "
+              f"{row['per_s'] / before[key]:.2f} | {row['per_s'] / after[key]:.2f} | {row['per_s'] / mean:.2f} |")
+
+
 def parse_args(argv: list[str] | None = None, family: str | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     if family is None:
@@ -346,10 +368,7 @@ def main(argv: list[str] | None = None, family_name: str | None = None) -> int:
         return 0
     stamp = start_run()
     print(f"model: {built(family)}", flush=True)
-    ceil = measure_child(args, [sys.executable, "-m", "bench.media", "--family", family.name, "--ceiling",
-                                "--threads", str(args.threads), "--ceiling-duration", str(args.ceiling_duration)])
-    print(f"  in-process loop: {ceil['media_per_s']:.1f} {family.modality} items/s, {ceil['texts_per_s']:.1f} texts/s,"
-          f" others' CPU {ceil['others_during']:.0%}", flush=True)
+    ceil = measure_loop(args, family)
     rows = []
     for choice in args.engines.split(","):
         engine, _, dtype = choice.partition(":")
@@ -361,8 +380,12 @@ def main(argv: list[str] | None = None, family_name: str | None = None) -> int:
             rows += bench_loads(args, family, name, ours.url, "/embeddings", server.pid, ceil)
     if args.peer:
         rows += bench_peer(args, family, ceil, stamp)
+    print("\n== the loop again, after the servers", flush=True)
+    ceil_after = measure_loop(args, family)
+    summarize(rows, ceil, ceil_after)
     (OUT_DIR / f"{stamp}-{family.name}.json").write_text(json.dumps({"date": stamp, "args": vars(args),
-                                                                      "ceiling": ceil, "loads": rows}, indent=2) + "\n")
+                                                                      "ceiling": ceil, "ceiling_after": ceil_after,
+                                                                      "loads": rows}, indent=2) + "\n")
     print(f"saved bench/out/{stamp}-{family.name}.json")
     return 0
 

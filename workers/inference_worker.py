@@ -18,6 +18,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
 import numpy as np
 import zmq
@@ -27,8 +28,8 @@ from infinity.shared import devices, protocol
 from infinity.shared.protocol import ModelSpec
 from infinity.shared.shm import Arena, SharedMemoryTooSmall
 from workers.batching import Batch, Scheduler, media_queue, queue_model
-from workers.engines import set_torch_threads
-from workers.engines.base import best_seconds
+from workers.engines import set_torch_threads, torch_threads
+from workers.engines.base import WIDE_COPY_PAUSE, WIDE_COPY_TRIES, best_seconds
 from workers.heads import LoadedModel, load_model
 from workers.media_towers import media_module
 from workers.process import LAST_MESSAGE_LINGER_MS, start_child
@@ -53,7 +54,7 @@ def serve(args: protocol.WorkerArgs, context: zmq.Context, inbox: zmq.Socket, to
         models = {spec.name: load(spec, args.threads) for spec in args.models}
         set_torch_threads([model.engine for model in models.values()], args.threads)
         costs = {spec.name: _warm_up(models[spec.name], spec.max_length) for spec in args.models}
-        media_costs = {spec.name: _warm_up_media(models[spec.name], spec)
+        media_costs = {spec.name: _warm_up_media(models[spec.name], spec, args.threads)
                        for spec in args.models if media_module(spec.kind) is not None}
         # A model whose outputs vary in size sends them with `Done`: its arena is empty.
         arenas = {spec.name: Arena(_arena_name(args, spec.name), args.arena_slots,
@@ -68,15 +69,18 @@ def serve(args: protocol.WorkerArgs, context: zmq.Context, inbox: zmq.Socket, to
         return
     scheduler = Scheduler()
     # Each queue's model and arena: a model's texts, and a two-tower model's media apart.
-    by_queue = {spec.name: (models[spec.name], arenas[spec.name]) for spec in args.models}
+    by_queue = {spec.name: _Queue(models[spec.name], arenas[spec.name]) for spec in args.models}
     for spec in args.models:
         engine = models[spec.name].engine
         scheduler.add_model(spec.name, spec.max_batch_tokens, spec.max_batch_size, engine.pad_id,
                             *costs[spec.name], engine.lanes, engine.widens, engine.express)
         if spec.name in media_costs:
+            overhead, lanes = media_costs[spec.name]
+            # Lanes of single-threaded passes; a lone item while the others idle runs on every thread.
             scheduler.add_model(media_queue(spec.name), spec.max_batch_tokens, spec.max_batch_size, engine.pad_id,
-                                *media_costs[spec.name])
-            by_queue[media_queue(spec.name)] = by_queue[spec.name]
+                                overhead, 1.0, lanes, widens=lanes > 1)
+            by_queue[media_queue(spec.name)] = _Queue(models[spec.name], arenas[spec.name],
+                                                      (args.threads // lanes, args.threads) if lanes > 1 else None)
     threading.Thread(target=_guarded, args=(_receive, context, args, inbox, scheduler), daemon=True,
                      name="receiver").start()
     sender = _Sender(to_front)
@@ -102,12 +106,30 @@ def _arena_name(args: protocol.WorkerArgs, model: str) -> str:
 MIXED_SHORT = 15  # short inputs next to the long one in the warm-up's mixed batch
 
 
-def _warm_up_media(model: LoadedModel, spec: ModelSpec) -> tuple[float, float]:
+@dataclass(frozen=True)
+class _Queue:
+    """What a lane needs to run one queue's batches."""
+
+    model: LoadedModel
+    arena: Arena
+    # Where the queue's passes run in single-threaded lanes: the torch threads of a lane's
+    # pass and of a wide one; None: the threads set at start.
+    threads: tuple[int, int] | None = None
+
+
+# Media passes run in single-threaded lanes only where the same items through them take at
+# most this share of one pass's time on every thread (bench/RESULTS.md, "Media lanes").
+MEDIA_LANES_MAX_TIME = 0.95
+MEDIA_ITEMS_PER_LANE = 2
+
+
+def _warm_up_media(model: LoadedModel, spec: ModelSpec, threads: int) -> tuple[float, int]:
     """Run batches of one and four media items (so the first requests pay no one-time
-    costs) and return the media queue's cost model: the fixed cost of a pass in items'
+    costs) and return the media queue's cost model, the fixed cost of a pass in items'
     cost units (an image's patches, a clip's frames, a page's tokens; a model's items are
-    all alike, so there is no padding to price)."""
-    example = media_module(spec.kind).example_features(spec, 4)
+    all alike, so there is no padding to price), and how many passes it runs at once."""
+    lanes = threads if model.engine.on_caller_threads and threads > 1 else 1
+    example = media_module(spec.kind).example_features(spec, max(4, lanes * MEDIA_ITEMS_PER_LANE))
 
     def forward(count: int) -> Callable[[], object]:
         ids = example.input_ids
@@ -117,7 +139,40 @@ def _warm_up_media(model: LoadedModel, spec: ModelSpec) -> tuple[float, float]:
 
     one, four = best_seconds([forward(1), forward(4)])
     per_unit = max((four - one) / (3 * example.cost), 1e-9)
-    return min(max(one / per_unit - example.cost, 4.0), 1024.0), 1.0
+    overhead = min(max(one / per_unit - example.cost, 4.0), 1024.0)
+    if lanes > 1:
+        lanes = _media_lanes(forward, lanes)
+        log.info("media passes: %s", "one at a time on every thread" if lanes == 1
+                 else f"{lanes} single-threaded lanes, a lone item on every thread")
+    return overhead, lanes
+
+
+def _media_lanes(forward: Callable[[int], Callable[[], object]], lanes: int) -> int:
+    """`lanes` if that many single-threaded passes at once, `MEDIA_ITEMS_PER_LANE` items
+    each, take at most `MEDIA_LANES_MAX_TIME` of one pass of all those items on every
+    thread; else 1. Two torch threads on one pass wait on each other at every operator;
+    two passes do not, but they share the memory bandwidth: which wins depends on the
+    model (bench/RESULTS.md, "Media lanes"). As for wide copies (`wide_copy_pays`), a
+    start's busy cores can hide the gain, so lanes that do not pay are measured again."""
+    together, apart = forward(lanes * MEDIA_ITEMS_PER_LANE), forward(MEDIA_ITEMS_PER_LANE)
+
+    def on_one_thread() -> None:
+        with torch_threads(1):
+            apart()
+
+    best = [float("inf")] * 2  # seconds: one pass on every thread, the lanes at once
+    with ThreadPoolExecutor(lanes) as pool:
+        for attempt in range(WIDE_COPY_TRIES):
+            if attempt:
+                time.sleep(WIDE_COPY_PAUSE)
+            seconds = best_seconds([together, lambda: list(pool.map(lambda _: on_one_thread(), range(lanes)))],
+                                   repeats=2)
+            best = [min(pair) for pair in zip(best, seconds)]
+            if best[1] <= MEDIA_LANES_MAX_TIME * best[0]:
+                break
+    log.info("media passes of %d items: %.0f ms on every thread, %.0f ms in %d single-threaded lanes",
+             lanes * MEDIA_ITEMS_PER_LANE, best[0] * 1e3, best[1] * 1e3, lanes)
+    return lanes if best[1] <= MEDIA_LANES_MAX_TIME * best[0] else 1
 
 
 def _warm_up(model: LoadedModel, max_length: int) -> tuple[float, float]:
@@ -173,17 +228,23 @@ class _Sender:
             self._socket.send(data)
 
 
-def _serve(by_queue: dict[str, tuple[LoadedModel, Arena]], scheduler: Scheduler, sender: _Sender,
+def _serve(by_queue: dict[str, _Queue], scheduler: Scheduler, sender: _Sender,
            take: Callable[[], Batch] | None = None) -> None:
     """One lane: run batches as they are cut (`take`: by the scheduler's `next_batch`), forever."""
     take = take or scheduler.next_batch
     while True:
         batch = take()
-        _run(batch, *by_queue[batch.model], scheduler, sender)
+        queue = by_queue[batch.model]
+        if queue.threads is None:
+            _run(batch, queue.model, queue.arena, scheduler, sender)
+        else:
+            with torch_threads(queue.threads[batch.wide]):
+                _run(batch, queue.model, queue.arena, scheduler, sender)
 
 
 def _run(batch: Batch, model: LoadedModel, arena: Arena, scheduler: Scheduler, sender: _Sender) -> None:
-    log.debug("batch of %d inputs, %d x %d tokens", len(batch.items), *batch.input_ids.shape)
+    log.debug("batch of %d inputs, %d x %d tokens%s", len(batch.items), *batch.input_ids.shape,
+              ", wide" if batch.wide else "")
     start = time.monotonic()  # the scheduler's clock
     try:
         if batch.features is not None:

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 import msgspec
 
@@ -50,3 +51,21 @@ def set_torch_threads(engines: Iterable[Engine], threads: int) -> None:
     import torch
 
     torch.set_num_threads(threads if any(engine.lanes == 1 for engine in engines) else 1)
+
+
+@contextlib.contextmanager
+def torch_threads(count: int) -> Iterator[None]:
+    """Run the calling thread's torch passes on `count` threads. OpenMP keeps the count per
+    calling thread, so lanes can each run a single-threaded pass at the same time while
+    another thread's passes keep every core."""
+    import torch
+
+    before = torch.get_num_threads()
+    if before == count:
+        yield
+        return
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)

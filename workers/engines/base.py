@@ -74,6 +74,10 @@ class Engine(Protocol):
     # request while every lane runs a long pass (the express lane, workers/batching.py),
     # without slowing its lanes when idle.
     express: bool
+    # Whether its passes run on the torch threads of the thread that calls it (the torch
+    # engine on a CPU): then the inference process can run several single-threaded media
+    # passes at once, where that measures faster than one pass on every thread.
+    on_caller_threads: bool
 
     def __init__(self, spec: ModelSpec, threads: int, output: RawOutput) -> None: ...
 

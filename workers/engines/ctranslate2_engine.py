@@ -69,6 +69,7 @@ def _converter_view(source: Path) -> Iterator[Path]:
 
 class CTranslate2Engine:
     name = "ctranslate2"
+    on_caller_threads = False  # its threads are its own
 
     def __init__(self, spec: ModelSpec, threads: int, output: RawOutput) -> None:
         import ctranslate2

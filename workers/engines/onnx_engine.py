@@ -204,6 +204,7 @@ def _session(graph: Path, device: str, threads: int) -> object:
 
 class OnnxEngine:
     name = "onnx"
+    on_caller_threads = False  # its threads are its own
 
     def __init__(self, spec: ModelSpec, threads: int, output: RawOutput) -> None:
         if spec.dtype not in DTYPES:

@@ -42,6 +42,7 @@ class TorchEngine:
         torch.set_num_threads(threads)
         self._output = output
         self._device = torch.device(devices.torch_device(spec.device))
+        self.on_caller_threads = self._device.type == "cpu"
         # transformers picks SDPA attention where the architecture has it (MPNet has not).
         self._model = auto_class(output, spec).from_pretrained(spec.path, dtype=_DTYPES[spec.dtype]).to(self._device).eval()
         # A retrieval model hands its keyword arguments to its vision-language model, whose

@@ -1,0 +1,54 @@
+"""`torch_threads`: a thread's own torch thread count, and the warm-up's choice between
+media lanes and one pass on every thread, on stand-in passes of known length."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import torch
+
+from workers.engines import torch_threads
+from workers.inference_worker import _media_lanes
+
+
+def test_a_threads_count_is_its_own_and_is_restored():
+    before = torch.get_num_threads()
+    seen: list[int] = []
+
+    def lane() -> None:
+        with torch_threads(1):
+            seen.append(torch.get_num_threads())
+            time.sleep(0.05)
+        seen.append(torch.get_num_threads())
+
+    thread = threading.Thread(target=lane)
+    thread.start()
+    time.sleep(0.02)
+    during = torch.get_num_threads()
+    thread.join()
+    assert seen[0] == 1 and during == before
+    assert torch.get_num_threads() == before
+
+
+def _sleeping_passes(seconds_per_item: dict[bool, float]):  # noqa: ANN202
+    """forward(count) for the warm-up: a pass of `count` items sleeps for them, at the rate
+    of a lane's pass (True: run from a lane's thread, on one torch thread) or of one on
+    every thread (False)."""
+    def forward(count: int):  # noqa: ANN202
+        def run() -> None:
+            in_lane = threading.current_thread() is not threading.main_thread()
+            assert not in_lane or torch.get_num_threads() == 1
+            time.sleep(count * seconds_per_item[in_lane])
+        return run
+    return forward
+
+
+def test_lanes_are_kept_where_they_measure_faster():
+    # Two lanes of 2 items at once: 2 x 8 ms = 16 ms, against 4 x 8 ms = 32 ms on every thread.
+    assert _media_lanes(_sleeping_passes({True: 0.008, False: 0.008}), lanes=2) == 2
+
+
+def test_lanes_are_refused_where_they_are_slower():
+    # A lane's item costs 3x a wide pass's: 2 x 24 ms = 48 ms at once against 32 ms.
+    assert _media_lanes(_sleeping_passes({True: 0.024, False: 0.008}), lanes=2) == 1
