@@ -188,7 +188,7 @@ class Scheduler:
                             arrived, None if attended is None else attended[part], None if read is None else read[part])
                 bisect.insort(queue.by_length, (item.length, item.seq, item), key=_sort_key)
             self._wakeup.notify()
-            self._express_wakeup.notify()
+            self._notify_express(queue)
 
     def submit_media(self, request_id: int, queue: str, features: np.ndarray, costs: list[int],
                      slots: list[int], ids: np.ndarray | None = None, type_ids: np.ndarray | None = None,
@@ -285,7 +285,6 @@ class Scheduler:
         items = _cut(queue, self._clock())
         idle = self._idle - len(self._shares)  # lanes waiting and not yet handed a share
         queue.running += 1
-        self._express_wakeup.notify()  # every lane may now be busy with a long pass
         if len(items) == 1 and queue.widens and idle == self.lanes - 1:
             self._wide = True
             queue.running_longest.append(_longest_cost(queue, items))
@@ -296,7 +295,14 @@ class Scheduler:
         self._wakeup.notify(parts - 1)
         queue.running += parts - 1
         queue.running_longest.extend(_longest_cost(queue, items[i::parts]) for i in range(parts))
+        self._notify_express(queue)  # every lane may now be busy with a long pass
         return model, items[::parts], False
+
+    def _notify_express(self, queue: _ModelQueue) -> None:
+        """Wake the express lane if it may have work in `queue` (lock held): only while every
+        lane of its model runs; waking it on every request costs a thread switch each."""
+        if queue.express and queue.by_length and queue.running >= queue.lanes:
+            self._express_wakeup.notify()
 
     def finish(self, batch: Batch, error: str | None = None) -> list[PendingRequest]:
         """Account for a batch that ran (`error`: it failed, which fails its requests and
@@ -320,7 +326,8 @@ class Scheduler:
                 if request.remaining == 0:
                     self._requests.pop(request.request_id, None)
                     finished.append(request)
-            self._wakeup.notify()  # a lane of this model is free
+            if queue.by_length:
+                self._wakeup.notify()  # a lane of this model is free for them
         return finished
 
     def _drop_waiting(self, request: PendingRequest) -> int:
