@@ -21,9 +21,12 @@ SHAPES = {
     "bert-base": ("bert", {"hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12,
                            "intermediate_size": 3072}),
     # XLM-RoBERTa-base's own vocabulary is 250002 tokens; the WordPiece one is used here, which
-    # changes the size of the embedding table, not the work per token.
+    # changes the size of the embedding table, not the work per token. Its pad id is 1, as in
+    # the real models: positions count from the pad id, and CTranslate2's conversion follows
+    # that only for 1 (with 0, its vectors and torch's differ). Id 1 is a WordPiece token no
+    # text yields; a client's padding with the tokenizer's [PAD] (0) is masked all the same.
     "xlm-roberta-base": ("xlm-roberta", {"hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12,
-                                         "intermediate_size": 3072, "pad_token_id": 0, "bos_token_id": 101,
+                                         "intermediate_size": 3072, "pad_token_id": 1, "bos_token_id": 101,
                                          "eos_token_id": 102}),
     "null": ("bert", {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 1, "intermediate_size": 32}),
 }

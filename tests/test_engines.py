@@ -25,22 +25,26 @@ _PACKED_TOLERANCE = {"float32": {"atol": 1e-5, "rtol": 1e-4}, "bfloat16": {"atol
 
 
 @pytest.mark.parametrize("dtype", sorted(_PACKED_TOLERANCE))
-def test_packed_bert_equals_the_padded_module_forward(tmp_path, dtype):
-    """In bfloat16 on a CPU the packed path pads its 125 tokens to a bucket of 128 rows."""
-    folder = save_tiny_bert(tmp_path / "tiny")
+@pytest.mark.parametrize("family", ["bert", "roberta", "xlm-roberta"])
+def test_packed_bert_equals_the_padded_module_forward(tmp_path, family, dtype):
+    """In bfloat16 on a CPU the packed path pads its 125 tokens to a bucket of 128 rows.
+    RoBERTa's positions count from its pad id (1), BERT's from 0."""
+    folder = (save_tiny_bert(tmp_path / "tiny") if family == "bert"
+              else save_tiny_family_model(tmp_path / "tiny", family))
     engine = load_model(resolve_model(ModelConfig(name="tiny", source=str(folder), pooling="mean", engine="torch",
                                                   dtype=dtype)), threads=1).engine
-    assert engine._packed is not None  # BertModel takes the padding-free path
-    vocab_size = json.loads((folder / "config.json").read_text())["vocab_size"]
+    assert engine._packed is not None  # a BERT-shaped encoder takes the padding-free path
+    config = json.loads((folder / "config.json").read_text())
     rng = np.random.default_rng(0)
     lengths = [3, 17, 64, 1, 40]
-    ids = np.zeros((len(lengths), max(lengths)), dtype=np.int64)
+    ids = np.full((len(lengths), max(lengths)), config["pad_token_id"], dtype=np.int64)
     mask = np.zeros_like(ids)
     for row, length in enumerate(lengths):
-        ids[row, :length] = rng.integers(5, vocab_size, length)
+        ids[row, :length] = rng.integers(5, config["vocab_size"], length)
         mask[row, :length] = 1
     types = np.zeros_like(ids)
-    types[:, 2:] = mask[:, 2:]  # a second segment, as in query-document pairs
+    if config["type_vocab_size"] > 1:
+        types[:, 2:] = mask[:, 2:]  # a second segment, as in query-document pairs
     tensors = [torch.from_numpy(a) for a in (ids, mask, types)]
     with torch.inference_mode():
         packed = engine._packed(*tensors)

@@ -1,5 +1,5 @@
-"""A padding-free forward pass for BERT encoders (BertModel with absolute positions, such
-as MiniLM): every linear layer runs on the real tokens of the batch only, and padding
+"""A padding-free forward pass for BERT-shaped encoders (BERT with absolute positions, such
+as MiniLM; RoBERTa and XLM-RoBERTa, such as E5 and BGE-M3): every linear layer runs on the real tokens of the batch only, and padding
 exists only inside attention. On a CPU, where compute is proportional to the tokens
 processed, a batch of mixed lengths then costs what its real tokens cost.
 
@@ -35,9 +35,14 @@ from workers.engines import onednn
 VarlenAttention = Callable[..., torch.Tensor]
 
 
+# The encoders whose layers are BERT's, and whether their positions count from the pad id
+# (RoBERTa's do: a sequence's first token is at pad id + 1).
+_POSITIONS_AFTER_PAD = {"BertModel": False, "RobertaModel": True, "XLMRobertaModel": True}
+
+
 def supports(model: nn.Module) -> bool:
     config = model.config
-    return (type(model).__name__ == "BertModel"
+    return (type(model).__name__ in _POSITIONS_AFTER_PAD
             and getattr(config, "position_embedding_type", "absolute") == "absolute"
             and not getattr(config, "is_decoder", False))
 
@@ -87,6 +92,8 @@ class PackedBert:
     def __init__(self, model: nn.Module) -> None:
         weight = model.embeddings.word_embeddings.weight
         self._embeddings = model.embeddings
+        # Each row's real tokens come first, so a token's position is its index plus this.
+        self._first_position = model.embeddings.padding_idx + 1 if _POSITIONS_AFTER_PAD[type(model).__name__] else 0
         self._layers = [_Layer(layer) for layer in model.encoder.layer]
         self._heads = model.config.num_attention_heads
         self.varlen: VarlenAttention | None = flash_varlen(weight.device, weight.dtype)
@@ -98,11 +105,13 @@ class PackedBert:
         n, length = input_ids.shape
         keep = attention_mask.bool()
         tokens = keep.view(-1).nonzero().squeeze(1)  # flat indices of real tokens
-        positions = torch.arange(length, device=input_ids.device).expand(n, length).reshape(-1)[tokens]
+        positions = torch.arange(self._first_position, self._first_position + length,
+                                 device=input_ids.device).expand(n, length).reshape(-1)[tokens]
         embeddings = self._embeddings
+        # Summed in the module's order: in bfloat16 each sum rounds.
         x = (embeddings.word_embeddings(input_ids.view(-1)[tokens])
-             + embeddings.position_embeddings(positions)
-             + embeddings.token_type_embeddings(token_type_ids.view(-1)[tokens]))
+             + embeddings.token_type_embeddings(token_type_ids.view(-1)[tokens])
+             + embeddings.position_embeddings(positions))
         x = embeddings.LayerNorm(x)
         real = len(tokens)
         if self._buckets:

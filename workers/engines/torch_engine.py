@@ -1,5 +1,5 @@
 """PyTorch engine: a transformers encoder with SDPA attention (where the architecture has
-it), padding-free (`packed_bert`) for BERT encoders, with its sequence-classification or
+it), padding-free (`packed_bert`) for BERT-shaped encoders (BERT, RoBERTa, XLM-RoBERTa), with its sequence-classification or
 masked-language-model head where logits are asked; optionally through `torch.compile`
 (`compile = true`). In bfloat16 / float16 on a CPU its linear layers are prepacked for
 oneDNN (`workers.engines.onednn`)."""
