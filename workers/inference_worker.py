@@ -233,13 +233,18 @@ def _serve(by_queue: dict[str, _Queue], scheduler: Scheduler, sender: _Sender,
     """One lane: run batches as they are cut (`take`: by the scheduler's `next_batch`), forever."""
     take = take or scheduler.next_batch
     while True:
-        batch = take()
-        queue = by_queue[batch.model]
-        if queue.threads is None:
-            _run(batch, queue.model, queue.arena, scheduler, sender)
-        else:
-            with torch_threads(queue.threads[batch.wide]):
-                _run(batch, queue.model, queue.arena, scheduler, sender)
+        _run_queued(take(), by_queue, scheduler, sender)
+
+
+def _run_queued(batch: Batch, by_queue: dict[str, _Queue], scheduler: Scheduler, sender: _Sender) -> None:
+    """Run a batch with its queue's model and arena, on the torch threads the queue's
+    passes take where it runs lanes (a lane's pass its share, a wide pass every thread)."""
+    queue = by_queue[batch.model]
+    if queue.threads is None:
+        _run(batch, queue.model, queue.arena, scheduler, sender)
+        return
+    with torch_threads(queue.threads[batch.wide]):
+        _run(batch, queue.model, queue.arena, scheduler, sender)
 
 
 def _run(batch: Batch, model: LoadedModel, arena: Arena, scheduler: Scheduler, sender: _Sender) -> None:

@@ -1,15 +1,20 @@
-"""`torch_threads`: a thread's own torch thread count, and the warm-up's choice between
-media lanes and one pass on every thread, on stand-in passes of known length."""
+"""`torch_threads`: a thread's own torch thread count; the warm-up's choice between media
+lanes and one pass on every thread, on stand-in passes of known length; and the threads a
+lane gives each pass of a queue in lanes."""
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
+from types import SimpleNamespace
 
+import numpy as np
 import torch
 
+from workers.batching import Scheduler, media_queue
 from workers.engines import torch_threads
-from workers.inference_worker import _media_lanes
+from workers.inference_worker import _media_lanes, _Queue, _run_queued
 
 
 def test_a_threads_count_is_its_own_and_is_restored():
@@ -52,3 +57,31 @@ def test_lanes_are_kept_where_they_measure_faster():
 def test_lanes_are_refused_where_they_are_slower():
     # A lane's item costs 3x a wide pass's: 2 x 24 ms = 48 ms at once against 32 ms.
     assert _media_lanes(_sleeping_passes({True: 0.024, False: 0.008}), lanes=2) == 1
+
+
+class _ThreadsSeen:
+    """A media model that records the torch threads each of its passes ran on."""
+
+    head = SimpleNamespace(ragged=False)
+
+    def __init__(self) -> None:
+        self.seen: list[int] = []
+
+    def forward_media(self, features: np.ndarray, *prompts: np.ndarray, grid: np.ndarray | None = None) -> np.ndarray:
+        self.seen.append(torch.get_num_threads())
+        return np.zeros((len(features), 1), dtype=np.float32)
+
+
+def test_a_queue_in_lanes_runs_a_lanes_pass_on_its_share_and_a_wide_pass_on_every_thread():
+    queue = media_queue("m")
+    scheduler = Scheduler()
+    scheduler.add_model(queue, 1000, 1, pad_id=0, pass_overhead_tokens=1.0, lanes=2, widens=True)
+    for request in (1, 2):
+        scheduler.submit_media(request, queue, np.zeros((1, 4), dtype=np.float32), [1], [request])
+    model, sent = _ThreadsSeen(), SimpleNamespace(send=lambda message: None)
+    by_queue = {queue: _Queue(model, SimpleNamespace(rows=np.zeros((4, 1), np.float32)), threads=(1, 3))}
+    before = torch.get_num_threads()
+    _run_queued(scheduler.next_batch(), by_queue, scheduler, sent)
+    _run_queued(dataclasses.replace(scheduler.next_batch(), wide=True), by_queue, scheduler, sent)
+    assert model.seen == [1, 3]
+    assert torch.get_num_threads() == before

@@ -1,7 +1,8 @@
 """A padding-free forward pass for BERT-shaped encoders (BERT with absolute positions, such
-as MiniLM; RoBERTa and XLM-RoBERTa, such as E5 and BGE-M3): every linear layer runs on the real tokens of the batch only, and padding
-exists only inside attention. On a CPU, where compute is proportional to the tokens
-processed, a batch of mixed lengths then costs what its real tokens cost.
+as MiniLM; RoBERTa and XLM-RoBERTa, such as E5 and BGE-M3): every linear layer runs on
+the real tokens of the batch only, and padding exists only inside attention. On a CPU,
+where compute is proportional to the tokens processed, a batch of mixed lengths then
+costs what its real tokens cost.
 
 It reuses the loaded transformers module's weights (query, key and value fused into one
 matrix), so results equal the module's own forward up to float rounding.

@@ -1,8 +1,8 @@
 """PyTorch engine: a transformers encoder with SDPA attention (where the architecture has
-it), padding-free (`packed_bert`) for BERT-shaped encoders (BERT, RoBERTa, XLM-RoBERTa), with its sequence-classification or
-masked-language-model head where logits are asked; optionally through `torch.compile`
-(`compile = true`). In bfloat16 / float16 on a CPU its linear layers are prepacked for
-oneDNN (`workers.engines.onednn`)."""
+it), padding-free (`packed_bert`) for BERT-shaped encoders (BERT, RoBERTa, XLM-RoBERTa),
+with its sequence-classification or masked-language-model head where logits are asked;
+optionally through `torch.compile` (`compile = true`). In bfloat16 / float16 on a CPU its
+linear layers are prepacked for oneDNN (`workers.engines.onednn`)."""
 
 from __future__ import annotations
 
