@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
+from functools import partial
 
 import numpy as np
 
@@ -22,7 +22,7 @@ from infinity.config import ModelConfig
 from infinity.models import resolve_model
 from infinity.shared.corpus import sentences
 from workers.heads import LoadedModel, load_model
-from workers.precision import _lone_ms, _padded, _row_cosines, _size_torch_threads
+from workers.precision import _forward, _Inputs, _lone_ms, _padded, _per_second, _row_cosines, _size_torch_threads
 from workers.tokenization import load_tokenizer
 
 REFERENCE = "torch:float32"
@@ -33,16 +33,6 @@ NEIGHBOURS = 10
 
 def encode(model: LoadedModel, batches: list[tuple[np.ndarray, ...]]) -> np.ndarray:
     return np.vstack([np.asarray(model.forward(*batch)) for batch in batches]).astype(np.float64)
-
-
-def per_second(model: LoadedModel, batches: list[tuple[np.ndarray, ...]]) -> float:
-    from concurrent.futures import ThreadPoolExecutor
-
-    with ThreadPoolExecutor(model.engine.lanes) as pool:
-        start = time.perf_counter()
-        list(pool.map(lambda batch: model.forward(*batch), batches))
-        took = time.perf_counter() - start
-    return sum(len(batch[0]) for batch in batches) / took
 
 
 def neighbour_overlap(vectors: np.ndarray, reference: np.ndarray) -> float:
@@ -81,6 +71,9 @@ def main(argv: list[str] | None = None) -> int:
     batches = [_padded([e.ids for e in encodings[i:i + BATCH]], reference.engine.pad_id)
                for i in range(0, len(encodings), BATCH)]
     lone = _padded([encodings[len(encodings) // 4].ids], reference.engine.pad_id)
+    # Timed as the bfloat16 trial times its inputs (workers/precision.py).
+    timed = _Inputs("texts", [partial(_forward, batch=batch) for batch in batches], [len(b[0]) for b in batches],
+                    partial(_forward, batch=lone, lone=True))
     _size_torch_threads(reference, args.threads)
     exact = encode(reference, batches)
     rows = []
@@ -96,8 +89,8 @@ def main(argv: list[str] | None = None) -> int:
         cosines = _row_cosines([vectors], [exact])
         rows.append({"precision": choice, "engine": model.engine.name, "mean_cosine": float(cosines.mean()),
                      "min_cosine": float(cosines.min()), "top10_overlap": neighbour_overlap(vectors, exact),
-                     "sentences_per_s": max(per_second(model, batches) for _ in range(2)),
-                     "lone_ms": _lone_ms(model, lambda m: m.forward(*lone, wide=m.engine.widens))})
+                     "sentences_per_s": max(_per_second(model, timed) for _ in range(2)),
+                     "lone_ms": _lone_ms(model, timed.lone)})
         print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
     if args.json:
         print(json.dumps(rows, indent=2))
