@@ -31,7 +31,7 @@ from bench.replay import pad_batch
 from infinity.config import ModelConfig
 from infinity.models import resolve_model
 from workers.engines import set_torch_threads
-from workers.heads import load_model
+from workers.heads import LoadedModel, load_model
 
 DEFAULT_ENGINES = ("torch:float32", "onnx:float32", "ctranslate2:float32", "onnx:int8", "ctranslate2:int8")
 
@@ -39,6 +39,7 @@ DEFAULT_ENGINES = ("torch:float32", "onnx:float32", "ctranslate2:float32", "onnx
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--engine", action="append", default=[], help="ENGINE:DTYPE; repeat (default: all)")
+    parser.add_argument("--model", help="model folder (default: the packaged model), e.g. one of bench.base_models")
     parser.add_argument("--texts", type=int, default=2048)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--json", action="store_true", help="print each engine's figures as one JSON line")
@@ -49,7 +50,7 @@ def main() -> None:
     for choice in args.engine or DEFAULT_ENGINES:
         # Each engine in a fresh process: one engine's thread pools must not slow the next.
         with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as child:
-            figures = child.submit(measure, choice, args.texts, args.threads).result()
+            figures = child.submit(measure, choice, args.texts, args.threads, args.model).result()
         if args.json:
             print(json.dumps(figures), flush=True)
         else:
@@ -64,20 +65,18 @@ COLUMNS = {
     "shared_per_s": "batch 32 shared, sentences/s",
     "one_p50_ms": "one sentence p50 ms",
     "wide_p50_ms": "wide, p50 ms",
+    "lone_corpus_p50_ms": "one corpus text at a time, p50 ms",
 }
 
+LONE_TEXTS = 300  # the load generator's first texts, one at a time
 
-def measure(choice: str, texts: int, threads: int) -> dict[str, str | float | None]:
-    """The figures of ENGINE:DTYPE `choice` (keys of `COLUMNS`; None where the engine has
-    no such pass)."""
+
+def measure(choice: str, texts: int, threads: int, folder: str | None = None) -> dict[str, str | float | None]:
+    """The figures of ENGINE:DTYPE `choice` on the model in `folder` (None: the packaged
+    one): keys of `COLUMNS`, None where the engine has no such pass."""
     name, dtype = choice.split(":")
-    spec = resolve_model(ModelConfig(name="default", engine=name, dtype=dtype))
-    model = load_model(spec, threads)
+    model, tokenizer = load_engine(choice, threads, folder)
     engine = model.engine
-    set_torch_threads([engine], threads)
-    tokenizer = Tokenizer.from_file(f"{spec.path}/tokenizer.json")
-    tokenizer.no_padding()
-    tokenizer.enable_truncation(spec.max_length)
     corpus = sorted((np.array(e.ids) for e in tokenizer.encode_batch(sentences(texts, 0))), key=len)
     groups = [corpus[i:i + 32] for i in range(0, len(corpus), 32)]
     figures: dict[str, str | float | None] = {"engine": name, "dtype": dtype, "all_threads_per_s": None}
@@ -98,7 +97,34 @@ def measure(choice: str, texts: int, threads: int) -> dict[str, str | float | No
     one = pad_batch([corpus[len(corpus) // 4]])
     for key, wide in (("one_p50_ms", False), ("wide_p50_ms", True)):
         figures[key] = _median_seconds(lambda: model.forward(*one, wide=wide)) * 1e3 if wide <= engine.widens else None
+    figures["lone_corpus_p50_ms"] = _lone_corpus_seconds(model, tokenizer) * 1e3
     return figures
+
+
+def load_engine(choice: str, threads: int, folder: str | None = None) -> tuple[LoadedModel, Tokenizer]:
+    """The model in `folder` (None: the packaged one) on ENGINE:DTYPE `choice` with
+    `threads` threads, and its tokenizer truncating as the server's does."""
+    name, dtype = choice.split(":")
+    source = {"source": folder} if folder else {}
+    spec = resolve_model(ModelConfig(name="default", engine=name, dtype=dtype, **source))
+    model = load_model(spec, threads)
+    set_torch_threads([model.engine], threads)
+    tokenizer = Tokenizer.from_file(f"{spec.path}/tokenizer.json")
+    tokenizer.no_padding()
+    tokenizer.enable_truncation(spec.max_length)
+    return model, tokenizer
+
+
+def _lone_corpus_seconds(model: LoadedModel, tokenizer: Tokenizer) -> float:
+    """Median seconds of one corpus text at a time, from its characters to its vector."""
+    one = lone_pass(model, tokenizer)
+    return statistics.median(_median_seconds(lambda: one(text), repeats=1) for text in sentences(LONE_TEXTS, 0))
+
+
+def lone_pass(model: LoadedModel, tokenizer: Tokenizer) -> Callable[[str], object]:
+    """One text from its characters to its vector, on the pass the server gives a lone
+    input (the wide one where the engine widens)."""
+    return lambda text: model.forward(*pad_batch([np.array(tokenizer.encode(text).ids)]), wide=model.engine.widens)
 
 
 def _median_seconds(call: Callable[[], object], repeats: int = 50) -> float:

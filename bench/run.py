@@ -12,7 +12,8 @@ One run, on this machine:
    Ctrl-C or SIGTERM, so no server outlives the run;
 3. print a markdown table (sentences/s, p50, p99, ratio to the ceiling's
    batch-32 sentences/s; with engine ceilings, a second table of each load against
-   them) and save it with the raw JSON under ``bench/out/``.
+   them, and a lone client's median latency against each engine's time for one
+   corpus text at a time) and save it with the raw JSON under ``bench/out/``.
 
 The machine has few cores and may be shared, so before the ceiling and before
 each load the driver waits (``--idle-wait``) for other processes to leave the
@@ -242,7 +243,8 @@ def run_ceiling(args: argparse.Namespace) -> dict[str, float]:
 def run_engine_ceiling(args: argparse.Namespace, choice: str) -> dict[str, float]:
     """Run ``bench.engines`` for ENGINE:DTYPE ``choice`` in a child process and return its
     figures (``bench.engines.COLUMNS``), with the CPU shares of ``measure_child``."""
-    command = [sys.executable, "-m", "bench.engines", "--json", "--engine", choice, "--threads", str(args.threads)]
+    command = [sys.executable, "-m", "bench.engines", "--json", "--engine", choice, "--threads", str(args.threads),
+               "--model", args.model_dir]
     return measure_child(args, command)
 
 
@@ -499,6 +501,15 @@ def markdown_table(ceiling: dict[str, float], reports: list[TargetReport],
                       for e in engines for rate in (e["all_threads_per_s"], _best_of_lanes(e))]
             lines.append(f"| {report.name} | {LoadShape(r.batch, r.concurrency).label} | "
                          f"{r.sentences_per_s:.1f} | {' | '.join(ratios)} |")
+    lone = [(report.name, m.load.p50_ms) for report in reports for m in report.results
+            if m.load.concurrency == 1 and m.load.batch == 1]
+    if lone:
+        lines += ["", "| target | c1 p50 ms | " + " | ".join(
+                      f"vs {e['engine']} {e['dtype']}, one corpus text ({e['lone_corpus_p50_ms']:.1f} ms)"
+                      for e in engines) + " |",
+                  "|---|---:|" + "---:|" * len(engines)]
+        lines += [f"| {name} | {fmt_number(p50)} | "
+                  + " | ".join(f"{p50 / e['lone_corpus_p50_ms']:.2f}" for e in engines) + " |" for name, p50 in lone]
     return "\n".join(lines)
 
 
