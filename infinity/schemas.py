@@ -6,8 +6,7 @@ take, limits)."""
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Annotated, Any, Literal, NewType, TypeVar
 
 import msgspec
@@ -385,19 +384,30 @@ def decode_body(body: bytes | bytearray, request_type: type[msgspec.Struct], max
     bytes (which checks the whole body) rather than two."""
     if not body:
         raise APIError(400, "the request body is empty; send a JSON object")
-    with _decode_errors():
-        try:
-            members = msgspec.json.decode(body, type=dict[str, msgspec.Raw])
-        except msgspec.ValidationError:
-            members = None  # not an object: the typed decode below says so
+    try:
+        members = msgspec.json.decode(body, type=dict[str, msgspec.Raw])
+    except msgspec.ValidationError:
+        members = None  # not an object: the typed decode below says so
+    except (msgspec.DecodeError, RecursionError) as exc:
+        raise _not_json(exc) from None
     if members is not None:
         repeated = _repeated_key(body, members)
         if repeated is not None:
             raise APIError(400, f"the request body names '{repeated}' more than once", param=repeated)
         if max_chars is not None and not _carries_media(members):
             body = _shortened(body, members, max_chars)
-    with _decode_errors():
+    try:
         return msgspec.json.decode(body, type=request_type)
+    except msgspec.ValidationError as exc:
+        raise APIError(422, str(exc), param=_param_of(str(exc))) from None
+    except (msgspec.DecodeError, RecursionError) as exc:
+        raise _not_json(exc) from None
+
+
+def _not_json(exc: msgspec.DecodeError | RecursionError) -> APIError:
+    if isinstance(exc, RecursionError):
+        return APIError(400, "the request body is nested too deeply")
+    return APIError(400, f"the request body is not valid JSON: {exc}")
 
 
 def _carries_media(members: dict[str, msgspec.Raw]) -> bool:
@@ -411,18 +421,6 @@ def _carries_media(members: dict[str, msgspec.Raw]) -> bool:
         return False
 
 
-@contextmanager
-def _decode_errors() -> Iterator[None]:
-    try:
-        yield
-    except msgspec.ValidationError as exc:
-        raise APIError(422, str(exc), param=_param_of(str(exc))) from None
-    except msgspec.DecodeError as exc:
-        raise APIError(400, f"the request body is not valid JSON: {exc}") from None
-    except RecursionError:
-        raise APIError(400, "the request body is nested too deeply") from None
-
-
 # A member's key and the separators around it, between two values of one JSON object.
 _KEY = re.compile(rb'\s*[{,]\s*("(?:[^"\\]|\\.)*")\s*:\s*')
 _END = re.compile(rb"\s*}\s*")
@@ -432,27 +430,49 @@ def _repeated_key(body: bytes | bytearray, members: dict[str, msgspec.Raw]) -> s
     """The first key the top-level object of `body` (valid JSON) names twice, or None.
 
     msgspec silently keeps the last of repeated keys, so a body that says two things is
-    refused instead. Found from where each kept value lies in the body (a decoded `Raw`
-    points into it): between two kept values there is room for one key only, and a dropped
-    member shows as a gap that holds more."""
-    base = _address(body)
-    spans = sorted((_address(raw) - base, len(raw)) for raw in members.values())
-    if not spans:  # an empty object
+    refused instead. Walks the members in order, comparing each value in place with the
+    one kept for its key: a key met again, or a value that is not the one kept (a later
+    member repeats its key), names a repeated key; a value that continues past the kept
+    one's bytes leaves the walk off a member boundary, which only a repeated key does."""
+    if not members:
         return None
-    position = 0
-    for start, length in spans:
-        key = _KEY.match(body, position, start)
-        if key is None or key.end() != start:
-            return _first_key(body, position)
-        position = start + length
-    if _END.fullmatch(body, position) is None:
-        return _first_key(body, position)
-    return None
+    position, seen, key = 0, set(), None
+    while len(seen) < len(members):
+        found = _KEY.match(body, position)
+        if found is None:
+            return key
+        key = _key_text(found.group(1))
+        kept = members.get(key)
+        if key in seen or kept is None or not _lies_at(body, kept, found.end()):
+            return key
+        seen.add(key)
+        position = found.end() + len(kept)
+    if _END.fullmatch(body, position) is not None:
+        return None
+    after = _KEY.match(body, position)  # a member past every kept one repeats a key
+    return key if after is None else _key_text(after.group(1))
+
+
+# Values up to this long are compared in place; longer ones by address, which costs no
+# pass over their bytes.
+_COMPARED_BYTES = 4096
+
+
+def _lies_at(body: bytes | bytearray, value: msgspec.Raw, position: int) -> bool:
+    """Whether `value`, a `Raw` decoded from `body` (which points into it), is the value
+    that starts at `position`."""
+    if len(value) <= _COMPARED_BYTES:
+        return body.startswith(value, position)
+    return _address(value) - _address(body) == position
 
 
 def _address(buffer: bytes | bytearray | msgspec.Raw) -> int:
-    """Where `buffer` lies in memory: a `Raw` decoded from a body lies inside it."""
     return np.frombuffer(buffer, np.uint8).ctypes.data
+
+
+def _key_text(quoted: bytes) -> str:
+    """A JSON string's text (`quoted` with its quotes); without escapes, its bytes."""
+    return msgspec.json.decode(quoted) if b"\\" in quoted else quoted[1:-1].decode()
 
 
 # The most bytes one character takes in a JSON string: a surrogate pair of \u escapes.
@@ -523,12 +543,6 @@ def _last_escape(literal: memoryview, end: int) -> int | None:
                 run += 1
             return start if run % 2 == 1 else None  # else it ends a run of escaped backslashes
     return None
-
-
-def _first_key(body: bytes | bytearray, position: int) -> str:
-    """The key of the member that starts at `position` (the one a later member repeats)."""
-    key = _KEY.match(body, position)
-    return msgspec.json.decode(key.group(1)) if key else "?"
 
 
 def _param_of(message: str) -> str | None:

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from infinity.errors import APIError
-from infinity.schemas import EmbeddingRequest, RerankRequest, decode_body, text_or_token_inputs
+from infinity.schemas import EmbeddingRequest, RerankRequest, _repeated_key, decode_body, text_or_token_inputs
 from infinity.shared import protocol, shm
 
 MESSAGES = [
@@ -88,6 +88,35 @@ def test_decode_body_statuses():
     assert error.value.status == 400
     body = decode_body(b'{"input": "a", "encoding_format": "base64", "dimensions": 8}', EmbeddingRequest)
     assert (body.encoding_format, body.dimensions) == ("base64", 8)
+
+
+_LONG = b'"' + b"x" * 5000 + b'"'  # past the length compared in place
+
+
+@pytest.mark.parametrize("body, repeated", [
+    (b'{"input": "a", "input": "b"}', "input"),
+    (b'{"input": "a", "input": "a"}', "input"),
+    (b'{"model": "m", "input": "a", "model": "other"}', "model"),
+    (b'{"input": "a", "\\u0069nput": 5}', "input"),
+    (b' { "a": 1 , "a" : 2 } ', "a"),
+    (b'{"x": {}, "x": []}', "x"),
+    (b'{"a": 12, "a": 1}', "a"),  # the kept value is a prefix of the dropped one
+    (b'{"a": 1, "a": 12}', "a"),
+    (b'{"a": 1, "b": 2, "a": 1}', "a"),
+    (b'{"input": ' + _LONG + b', "input": ' + _LONG + b'}', "input"),
+    (b'{"input": ' + _LONG + b', "model": "m"}', None),
+    (b'{}', None),
+    (b' {"a": {"b": 1, "b": 2}} ', None),  # only the top level is checked
+    (b'{"a": "x,\\"a\\": 1", "b": [1, {"a": 2}]}', None),
+    (b'{"a":1,"b":2,"c":3}', None),
+])
+def test_repeated_keys_are_found(body, repeated):
+    members = msgspec.json.decode(body, type=dict[str, msgspec.Raw])
+    assert _repeated_key(body, members) == repeated
+    if repeated is not None:
+        with pytest.raises(APIError) as error:
+            decode_body(body, EmbeddingRequest)
+        assert (error.value.status, error.value.param) == (400, repeated)
 
 
 def test_arena_is_shared_between_mappings_and_removed_by_name():
