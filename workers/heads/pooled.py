@@ -12,12 +12,10 @@ from workers.engines.base import RawOutput
 
 
 def pool(mode: str, hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-    """(n, L, d) token states, (n, L) mask -> (n, d) (float32 for the mean)."""
+    """(n, L, d) token states, (n, L) mask -> (n, d)."""
     if mode == "mean":
-        # One batched product sums the attended states, without an (n, L, d) temporary;
-        # the counts stay integers, exact whatever the states' dtype.
-        summed = torch.bmm(attention_mask.to(hidden.dtype).unsqueeze(1), hidden).squeeze(1).float()
-        return summed / attention_mask.sum(dim=1, keepdim=True).clamp(min=1)
+        mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
+        return (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1e-9)
     if mode == "cls":
         return hidden[:, 0]
     if mode == "lasttoken":
