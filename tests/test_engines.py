@@ -121,6 +121,30 @@ def test_every_engine_family_and_kind_matches_the_torch_engine(tmp_path, monkeyp
     np.testing.assert_allclose(tested.forward(ids, mask, types, express=True), expected, atol=2e-5)
 
 
+@pytest.mark.skipif(importlib.util.find_spec("ctranslate2") is None, reason="ctranslate2 is not installed")
+def test_an_inputs_vector_does_not_depend_on_its_batch_mates(tmp_path, monkeypatch):
+    """The CPU default (CTranslate2 float32 and the pooled head): the same input gives the
+    same vector alone and in batches padded to other lengths, to the bit, so a request
+    repeated gets its answer again whatever else was queued."""
+    monkeypatch.setenv("INFINITY_CACHE_DIR", str(tmp_path / "cache"))
+    folder = save_tiny_bert(tmp_path / "bert", max_positions=128)
+    model = load_model(resolve_model(ModelConfig(name="tiny", source=str(folder), engine="ctranslate2")), 2)
+    rng = np.random.default_rng(0)
+    lengths = [17, 5, 40, 23, 64, 9, 31, 12, 50, 3]
+    texts = [np.concatenate([[2], rng.integers(5, 90, length - 2), [3]]) for length in lengths]
+
+    def vectors(rows: list[int]) -> np.ndarray:
+        ids = np.zeros((len(rows), max(lengths[row] for row in rows)), dtype=np.int64)
+        mask = np.zeros_like(ids)
+        for i, row in enumerate(rows):
+            ids[i, :lengths[row]], mask[i, :lengths[row]] = texts[row], 1
+        return model.forward(ids, mask, np.zeros_like(ids))
+
+    alone = np.concatenate([vectors([row]) for row in range(len(lengths))])
+    for rows in ([0, 1, 2, 3], [4, 0], [5, 6, 7, 8, 9, 0], list(range(len(lengths)))):
+        np.testing.assert_array_equal(vectors(rows), alone[rows])
+
+
 def _reference_varlen(q, k, v, bounds_q, bounds_k, longest_q, longest_k):
     """flash-attn's variable-length attention, computed sequence by sequence with SDPA:
     what the packed path must agree with (flash-attn itself needs a CUDA GPU)."""

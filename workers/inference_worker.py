@@ -5,12 +5,13 @@ a message naming the models and the device.
 
 Threads: the receiver decodes `Infer` / `Cancel` messages into the scheduler while the
 lanes run the engine, so the queue is filled and sorted during each forward pass; one
-lane per forward pass the engines can run at once (`Engine.lanes`), each cutting its
-next batch the moment it is free.
+lane per forward pass the engines can run at once (`Engine.lanes`; for torch on a CPU,
+a single-threaded pass per core), each cutting its next batch the moment it is free.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
@@ -19,6 +20,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 import zmq
@@ -29,7 +31,7 @@ from infinity.shared.protocol import ModelSpec
 from infinity.shared.shm import Arena, SharedMemoryTooSmall
 from workers.batching import Batch, Scheduler, media_queue, queue_model
 from workers.engines import set_torch_threads, torch_threads
-from workers.engines.base import WIDE_COPY_PAUSE, WIDE_COPY_TRIES, best_seconds
+from workers.engines.base import WIDE_COPY_PAUSE, WIDE_COPY_TRIES, Engine, best_seconds
 from workers.heads import LoadedModel, load_model
 from workers.media_towers import media_module
 from workers.process import LAST_MESSAGE_LINGER_MS, start_child
@@ -53,7 +55,9 @@ def serve(args: protocol.WorkerArgs, context: zmq.Context, inbox: zmq.Socket, to
         devices.require(args.models[0].device, [spec.name for spec in args.models])
         models = {spec.name: load(spec, args.threads) for spec in args.models}
         set_torch_threads([model.engine for model in models.values()], args.threads)
-        costs = {spec.name: _warm_up(models[spec.name], spec.max_length) for spec in args.models}
+        text_lanes = {spec.name: _text_lanes(models[spec.name].engine, args.threads) for spec in args.models}
+        costs = {spec.name: _warm_up(models[spec.name], spec.max_length, text_lanes[spec.name])
+                 for spec in args.models}
         media_costs = {spec.name: _warm_up_media(models[spec.name], spec, args.threads)
                        for spec in args.models if media_module(spec.kind) is not None}
         # A model whose outputs vary in size sends them with `Done`: its arena is empty.
@@ -69,11 +73,12 @@ def serve(args: protocol.WorkerArgs, context: zmq.Context, inbox: zmq.Socket, to
         return
     scheduler = Scheduler()
     # Each queue's model and arena: a model's texts, and a two-tower model's media apart.
-    by_queue = {spec.name: _Queue(models[spec.name], arenas[spec.name]) for spec in args.models}
+    by_queue = {}
     for spec in args.models:
-        engine = models[spec.name].engine
+        engine, lanes = models[spec.name].engine, text_lanes[spec.name]
         scheduler.add_model(spec.name, spec.max_batch_tokens, spec.max_batch_size, engine.pad_id,
-                            *costs[spec.name], engine.lanes, engine.widens, engine.express)
+                            *costs[spec.name], lanes.count, lanes.widens, engine.express)
+        by_queue[spec.name] = _Queue(models[spec.name], arenas[spec.name], lanes.threads)
         if spec.name in media_costs:
             overhead, lanes = media_costs[spec.name]
             # Lanes of single-threaded passes; a lone item while the others idle runs on every thread.
@@ -115,6 +120,27 @@ class _Queue:
     # Where the queue's passes run in single-threaded lanes: the torch threads of a lane's
     # pass and of a wide one; None: the threads set at start.
     threads: tuple[int, int] | None = None
+
+
+@dataclass(frozen=True)
+class _TextLanes:
+    """How a model's text passes run."""
+
+    count: int  # passes at once
+    widens: bool  # a lone input while the other lanes idle runs on every thread
+    threads: tuple[int, int] | None  # as `_Queue.threads`
+
+
+def _text_lanes(engine: Engine, threads: int) -> _TextLanes:
+    """The engine's own lanes; an engine running its passes on the caller's torch threads
+    (torch on a CPU) gets a single-threaded lane per core and a lone input on every
+    thread, as CTranslate2 and ONNX Runtime run their replicas: served, two passes on one
+    thread each beat one pass on both, whose threads wait on each other at every operator
+    while the front end and the tokenizers take a core (bench/RESULTS.md, "Text lanes on
+    torch")."""
+    if engine.on_caller_threads and engine.lanes == 1 and threads > 1:
+        return _TextLanes(threads, True, (1, threads))
+    return _TextLanes(engine.lanes, engine.widens, None)
 
 
 # Media passes run in single-threaded lanes only where the same items through them take at
@@ -175,7 +201,7 @@ def _media_lanes(forward: Callable[[int], Callable[[], object]], lanes: int) -> 
     return lanes if best[1] <= MEDIA_LANES_MAX_TIME * best[0] else 1
 
 
-def _warm_up(model: LoadedModel, max_length: int) -> tuple[float, float]:
+def _warm_up(model: LoadedModel, max_length: int, lanes: _TextLanes | None = None) -> tuple[float, float]:
     """Run the shapes the first requests will have, so they pay no one-time costs, and
     return the batching cost model: the fixed cost of a forward pass in tokens' worth of
     compute, and what a padding token costs against a token. Timing one short input, four
@@ -183,8 +209,11 @@ def _warm_up(model: LoadedModel, max_length: int) -> tuple[float, float]:
     weight x padding). The mixed batch has 16 rows because what padding costs depends on
     the batch: CTranslate2 float32 skips most of it in small batches but not in mid-size
     ones, and the scheduler must not merge long and short inputs where that is dear
-    (bench/RESULTS.md, "The engine's ceiling as the engines issue measures it")."""
+    (bench/RESULTS.md, "The engine's ceiling as the engines issue measures it"). The
+    passes are timed as a lane runs them (`lanes`: the model's, by default the engine's)."""
     engine = model.engine
+    lanes = lanes or _TextLanes(engine.lanes, engine.widens, None)
+    on_lane = contextlib.nullcontext if lanes.threads is None else partial(torch_threads, lanes.threads[0])
 
     def forward(lengths: list[int], wide: bool = False, express: bool = False) -> Callable[[], object]:
         ids = np.full((len(lengths), max(lengths)), engine.pad_id, dtype=np.int64)
@@ -193,15 +222,21 @@ def _warm_up(model: LoadedModel, max_length: int) -> tuple[float, float]:
         types = np.zeros_like(ids)
         return lambda: model.forward(ids, mask, types, wide=wide, express=express)
 
+    def lane_pass(run: Callable[[], object]) -> None:
+        with on_lane():
+            run()
+
     # Every lane once, at the same time: a backend may hold one replica per lane.
-    with ThreadPoolExecutor(engine.lanes) as lanes:
-        list(lanes.map(lambda _: forward([max_length])(), range(engine.lanes)))
-    if engine.widens:
+    with ThreadPoolExecutor(lanes.count) as pool:
+        list(pool.map(lambda _: lane_pass(forward([max_length])), range(lanes.count)))
+    if lanes.widens:
         forward([max_length], wide=True)()
     if engine.express:
         forward([max_length], express=True)()
     short, long = min(16, max_length), min(128, max_length)
-    small, large, mixed = best_seconds([forward([short]), forward([long] * 4), forward([long] + [short] * MIXED_SHORT)])
+    with on_lane():
+        small, large, mixed = best_seconds([forward([short]), forward([long] * 4),
+                                            forward([long] + [short] * MIXED_SHORT)])
     per_token = max((large - small) / (4 * long - short), 1e-9)
     # Clamped: a start on a busy machine must not leave a senseless cost model behind.
     overhead_tokens = min(max(small / per_token - short, 4.0), 1024.0)
@@ -209,8 +244,8 @@ def _warm_up(model: LoadedModel, max_length: int) -> tuple[float, float]:
     weight = 1.0 if padding == 0 else min(max(((mixed - small) / per_token - long - (MIXED_SHORT - 1) * short)
                                               / padding, 0.0), 1.0)
     log.info("%s engine, %d lane(s)%s; forward pass: %.2f ms fixed, %.1f us per token: overhead = %.0f tokens, "
-             "a padding token costs %.2f of a token", engine.name, engine.lanes,
-             ", wide pass for a lone input" if engine.widens else "",
+             "a padding token costs %.2f of a token", engine.name, lanes.count,
+             ", wide pass for a lone input" if lanes.widens else "",
              (small - short * per_token) * 1e3, per_token * 1e6, overhead_tokens, weight)
     return overhead_tokens, weight
 

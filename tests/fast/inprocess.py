@@ -54,6 +54,7 @@ class FakeEngine:
     lanes = 1
     widens = False
     express = False
+    on_caller_threads = False  # its passes run no torch threads
 
     def __init__(self, spec: ModelSpec, output: RawOutput, dim: int, gate: threading.Event) -> None:
         assert output in (RawOutput.TOKEN_STATES, RawOutput.TOKEN_LOGITS), "the fake engine gives values per token"

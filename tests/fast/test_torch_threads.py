@@ -1,6 +1,7 @@
 """`torch_threads`: a thread's own torch thread count; the warm-up's choice between media
-lanes and one pass on every thread, on stand-in passes of known length; and the threads a
-lane gives each pass of a queue in lanes."""
+lanes and one pass on every thread, on stand-in passes of known length; the threads a
+lane gives each pass of a queue in lanes; text lanes for engines on the caller's threads,
+and the warm-up timing their passes as a lane runs them."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import torch
 
 from workers.batching import Scheduler, media_queue
 from workers.engines import torch_threads
-from workers.inference_worker import _media_lanes, _Queue, _run_queued
+from workers.inference_worker import _media_lanes, _Queue, _run_queued, _text_lanes, _TextLanes, _warm_up
 
 
 def test_a_threads_count_is_its_own_and_is_restored():
@@ -85,3 +86,45 @@ def test_a_queue_in_lanes_runs_a_lanes_pass_on_its_share_and_a_wide_pass_on_ever
     _run_queued(dataclasses.replace(scheduler.next_batch(), wide=True), by_queue, scheduler, sent)
     assert model.seen == [1, 3]
     assert torch.get_num_threads() == before
+
+
+def _engine(on_caller_threads: bool, lanes: int = 1, widens: bool = False) -> SimpleNamespace:
+    return SimpleNamespace(on_caller_threads=on_caller_threads, lanes=lanes, widens=widens)
+
+
+def test_torch_on_a_cpu_runs_texts_in_a_single_threaded_lane_per_core():
+    assert _text_lanes(_engine(True), threads=2) == _TextLanes(2, True, (1, 2))
+    assert _text_lanes(_engine(True), threads=1) == _TextLanes(1, False, None)
+    # Engines with threads of their own keep their lanes (CTranslate2's replicas, ONNX Runtime's runs).
+    assert _text_lanes(_engine(False, lanes=2, widens=True), threads=2) == _TextLanes(2, True, None)
+
+
+class _ThreadsCosted:
+    """A text engine on the caller's threads: each pass records its torch threads and
+    whether it was wide, and sleeps 1 ms + 10 us per token."""
+
+    pad_id, lanes, widens, express, name, on_caller_threads = 0, 1, False, False, "threads-costed", True
+
+    def __init__(self) -> None:
+        self.passes: list[tuple[int, bool]] = []
+
+    def forward(self, input_ids, attention_mask, token_type_ids, wide=False, express=False):  # noqa: ANN001, ANN201
+        self.passes.append((torch.get_num_threads(), wide))
+        time.sleep(1e-3 + 10e-6 * int(attention_mask.sum()))
+        return torch.zeros((*input_ids.shape, 1))
+
+
+def test_the_warm_up_times_a_lanes_passes_on_a_lanes_threads():
+    from workers.heads import LoadedModel
+    from workers.heads.pooled import PooledEmbedding
+
+    engine = _ThreadsCosted()
+    head = PooledEmbedding.__new__(PooledEmbedding)
+    head._pooling, head._normalize = "mean", False
+    with torch_threads(2):
+        _warm_up(LoadedModel(engine, head, "float32"), max_length=256, lanes=_TextLanes(2, True, (1, 2)))
+        assert torch.get_num_threads() == 2
+    wide = [threads for threads, is_wide in engine.passes if is_wide]
+    narrow = [threads for threads, is_wide in engine.passes if not is_wide]
+    assert wide == [2]  # the lone input's pass, on every thread
+    assert len(narrow) > 2 and set(narrow) == {1}  # each lane once at start, then every timed pass
