@@ -18,7 +18,7 @@ import re
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
 
@@ -74,18 +74,20 @@ def serve(args: protocol.WorkerArgs, context: zmq.Context, inbox: zmq.Socket, to
     scheduler = Scheduler()
     # Each queue's model and arena: a model's texts, and a two-tower model's media apart.
     by_queue = {}
+    wide_runner = ThreadPoolExecutor(1, thread_name_prefix="wide-pass")
     for spec in args.models:
         engine, lanes = models[spec.name].engine, text_lanes[spec.name]
         scheduler.add_model(spec.name, spec.max_batch_tokens, spec.max_batch_size, engine.pad_id,
                             *costs[spec.name], lanes.count, lanes.widens, engine.express)
-        by_queue[spec.name] = _Queue(models[spec.name], arenas[spec.name], lanes.threads)
+        by_queue[spec.name] = _Queue(models[spec.name], arenas[spec.name], lanes.threads, wide_runner)
         if spec.name in media_costs:
             overhead, lanes = media_costs[spec.name]
             # Lanes of single-threaded passes; a lone item while the others idle runs on every thread.
             scheduler.add_model(media_queue(spec.name), spec.max_batch_tokens, spec.max_batch_size, engine.pad_id,
                                 overhead, 1.0, lanes, widens=lanes > 1)
             by_queue[media_queue(spec.name)] = _Queue(models[spec.name], arenas[spec.name],
-                                                      (args.threads // lanes, args.threads) if lanes > 1 else None)
+                                                      (args.threads // lanes, args.threads) if lanes > 1 else None,
+                                                      wide_runner)
     threading.Thread(target=_guarded, args=(_receive, context, args, inbox, scheduler), daemon=True,
                      name="receiver").start()
     sender = _Sender(to_front)
@@ -120,6 +122,10 @@ class _Queue:
     # Where the queue's passes run in single-threaded lanes: the torch threads of a lane's
     # pass and of a wide one; None: the threads set at start.
     threads: tuple[int, int] | None = None
+    # The one thread that runs the wide passes of queues in lanes. OpenMP keeps a team of
+    # threads per calling thread: lanes taking lone inputs in turn would each wake their
+    # own team while the last one's threads still spin on the cores it needs.
+    wide_runner: Executor | None = None
 
 
 @dataclass(frozen=True)
@@ -273,13 +279,21 @@ def _serve(by_queue: dict[str, _Queue], scheduler: Scheduler, sender: _Sender,
 
 def _run_queued(batch: Batch, by_queue: dict[str, _Queue], scheduler: Scheduler, sender: _Sender) -> None:
     """Run a batch with its queue's model and arena, on the torch threads the queue's
-    passes take where it runs lanes (a lane's pass its share, a wide pass every thread)."""
+    passes take where it runs lanes (a lane's pass its share, a wide pass every thread,
+    from the wide passes' own thread where the queue has one)."""
     queue = by_queue[batch.model]
     if queue.threads is None:
         _run(batch, queue.model, queue.arena, scheduler, sender)
         return
-    with torch_threads(queue.threads[batch.wide]):
-        _run(batch, queue.model, queue.arena, scheduler, sender)
+
+    def on_its_threads() -> None:
+        with torch_threads(queue.threads[batch.wide]):
+            _run(batch, queue.model, queue.arena, scheduler, sender)
+
+    if batch.wide and queue.wide_runner is not None:
+        queue.wide_runner.submit(on_its_threads).result()
+    else:
+        on_its_threads()
 
 
 def _run(batch: Batch, model: LoadedModel, arena: Arena, scheduler: Scheduler, sender: _Sender) -> None:

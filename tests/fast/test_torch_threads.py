@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 
 import numpy as np
@@ -67,24 +68,29 @@ class _ThreadsSeen:
 
     def __init__(self) -> None:
         self.seen: list[int] = []
+        self.callers: list[str] = []
 
     def forward_media(self, features: np.ndarray, *prompts: np.ndarray, grid: np.ndarray | None = None) -> np.ndarray:
         self.seen.append(torch.get_num_threads())
+        self.callers.append(threading.current_thread().name)
         return np.zeros((len(features), 1), dtype=np.float32)
 
 
-def test_a_queue_in_lanes_runs_a_lanes_pass_on_its_share_and_a_wide_pass_on_every_thread():
+def test_a_queue_in_lanes_runs_a_lanes_pass_on_its_share_and_a_wide_pass_on_every_thread_of_its_own():
     queue = media_queue("m")
     scheduler = Scheduler()
     scheduler.add_model(queue, 1000, 1, pad_id=0, pass_overhead_tokens=1.0, lanes=2, widens=True)
     for request in (1, 2):
         scheduler.submit_media(request, queue, np.zeros((1, 4), dtype=np.float32), [1], [request])
     model, sent = _ThreadsSeen(), SimpleNamespace(send=lambda message: None)
-    by_queue = {queue: _Queue(model, SimpleNamespace(rows=np.zeros((4, 1), np.float32)), threads=(1, 3))}
-    before = torch.get_num_threads()
-    _run_queued(scheduler.next_batch(), by_queue, scheduler, sent)
-    _run_queued(dataclasses.replace(scheduler.next_batch(), wide=True), by_queue, scheduler, sent)
+    with ThreadPoolExecutor(1, thread_name_prefix="wide-pass") as wide_runner:
+        by_queue = {queue: _Queue(model, SimpleNamespace(rows=np.zeros((4, 1), np.float32)), (1, 3), wide_runner)}
+        before = torch.get_num_threads()
+        _run_queued(scheduler.next_batch(), by_queue, scheduler, sent)
+        _run_queued(dataclasses.replace(scheduler.next_batch(), wide=True), by_queue, scheduler, sent)
     assert model.seen == [1, 3]
+    # The lane's pass on the lane; the wide pass on the one thread every wide pass runs on.
+    assert model.callers[0] == threading.current_thread().name and model.callers[1].startswith("wide-pass")
     assert torch.get_num_threads() == before
 
 
