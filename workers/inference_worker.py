@@ -56,9 +56,11 @@ def serve(args: protocol.WorkerArgs, context: zmq.Context, inbox: zmq.Socket, to
         models = {spec.name: load(spec, args.threads) for spec in args.models}
         set_torch_threads([model.engine for model in models.values()], args.threads)
         text_lanes = {spec.name: _text_lanes(models[spec.name].engine, args.threads) for spec in args.models}
-        costs = {spec.name: _warm_up(models[spec.name], spec.max_length, text_lanes[spec.name])
+        # Made before the warm-up, which starts its OpenMP team: the first lone input does not.
+        wide_runner = ThreadPoolExecutor(1, thread_name_prefix="wide-pass")
+        costs = {spec.name: _warm_up(models[spec.name], spec.max_length, text_lanes[spec.name], wide_runner)
                  for spec in args.models}
-        media_costs = {spec.name: _warm_up_media(models[spec.name], spec, args.threads)
+        media_costs = {spec.name: _warm_up_media(models[spec.name], spec, args.threads, wide_runner)
                        for spec in args.models if media_module(spec.kind) is not None}
         # A model whose outputs vary in size sends them with `Done`: its arena is empty.
         arenas = {spec.name: Arena(_arena_name(args, spec.name), args.arena_slots,
@@ -74,7 +76,6 @@ def serve(args: protocol.WorkerArgs, context: zmq.Context, inbox: zmq.Socket, to
     scheduler = Scheduler()
     # Each queue's model and arena: a model's texts, and a two-tower model's media apart.
     by_queue = {}
-    wide_runner = ThreadPoolExecutor(1, thread_name_prefix="wide-pass")
     for spec in args.models:
         engine, lanes = models[spec.name].engine, text_lanes[spec.name]
         scheduler.add_model(spec.name, spec.max_batch_tokens, spec.max_batch_size, engine.pad_id,
@@ -155,9 +156,10 @@ MEDIA_LANES_MAX_TIME = 0.95
 MEDIA_ITEMS_PER_LANE = 2
 
 
-def _warm_up_media(model: LoadedModel, spec: ModelSpec, threads: int) -> tuple[float, int]:
+def _warm_up_media(model: LoadedModel, spec: ModelSpec, threads: int,
+                   wide_runner: Executor | None = None) -> tuple[float, int]:
     """Run batches of one and four media items (so the first requests pay no one-time
-    costs) and return the media queue's cost model, the fixed cost of a pass in items'
+    costs; a lone item as the wide passes' thread runs it, where lanes are kept) and return the media queue's cost model, the fixed cost of a pass in items'
     cost units (an image's patches, a clip's frames, a page's tokens; a model's items are
     all alike, so there is no padding to price), and how many passes it runs at once."""
     lanes = threads if model.engine.on_caller_threads and threads > 1 else 1
@@ -174,6 +176,8 @@ def _warm_up_media(model: LoadedModel, spec: ModelSpec, threads: int) -> tuple[f
     overhead = min(max(one / per_unit - example.cost, 4.0), 1024.0)
     if lanes > 1:
         lanes = _media_lanes(forward, lanes)
+        if lanes > 1 and wide_runner is not None:
+            _on_threads(threads, forward(1), wide_runner)
         log.info("media passes: %s", "one at a time on every thread" if lanes == 1
                  else f"{lanes} single-threaded lanes, a lone item on every thread")
     return overhead, lanes
@@ -207,7 +211,8 @@ def _media_lanes(forward: Callable[[int], Callable[[], object]], lanes: int) -> 
     return lanes if best[1] <= MEDIA_LANES_MAX_TIME * best[0] else 1
 
 
-def _warm_up(model: LoadedModel, max_length: int, lanes: _TextLanes | None = None) -> tuple[float, float]:
+def _warm_up(model: LoadedModel, max_length: int, lanes: _TextLanes | None = None,
+             wide_runner: Executor | None = None) -> tuple[float, float]:
     """Run the shapes the first requests will have, so they pay no one-time costs, and
     return the batching cost model: the fixed cost of a forward pass in tokens' worth of
     compute, and what a padding token costs against a token. Timing one short input, four
@@ -216,7 +221,8 @@ def _warm_up(model: LoadedModel, max_length: int, lanes: _TextLanes | None = Non
     the batch: CTranslate2 float32 skips most of it in small batches but not in mid-size
     ones, and the scheduler must not merge long and short inputs where that is dear
     (bench/RESULTS.md, "The engine's ceiling as the engines issue measures it"). The
-    passes are timed as a lane runs them (`lanes`: the model's, by default the engine's)."""
+    passes are timed as a lane runs them (`lanes`: the model's, by default the engine's),
+    and a wide pass runs where lanes run them (on `wide_runner`, for lanes of torch threads)."""
     engine = model.engine
     lanes = lanes or _TextLanes(engine.lanes, engine.widens, None)
     on_lane = contextlib.nullcontext if lanes.threads is None else partial(torch_threads, lanes.threads[0])
@@ -236,7 +242,11 @@ def _warm_up(model: LoadedModel, max_length: int, lanes: _TextLanes | None = Non
     with ThreadPoolExecutor(lanes.count) as pool:
         list(pool.map(lambda _: lane_pass(forward([max_length])), range(lanes.count)))
     if lanes.widens:
-        forward([max_length], wide=True)()
+        wide = forward([max_length], wide=True)
+        if lanes.threads is None or wide_runner is None:
+            wide()
+        else:
+            _on_threads(lanes.threads[1], wide, wide_runner)
     if engine.express:
         forward([max_length], express=True)()
     short, long = min(16, max_length), min(128, max_length)
@@ -284,16 +294,21 @@ def _run_queued(batch: Batch, by_queue: dict[str, _Queue], scheduler: Scheduler,
     queue = by_queue[batch.model]
     if queue.threads is None:
         _run(batch, queue.model, queue.arena, scheduler, sender)
-        return
-
-    def on_its_threads() -> None:
-        with torch_threads(queue.threads[batch.wide]):
-            _run(batch, queue.model, queue.arena, scheduler, sender)
-
-    if batch.wide and queue.wide_runner is not None:
-        queue.wide_runner.submit(on_its_threads).result()
     else:
+        _on_threads(queue.threads[batch.wide], partial(_run, batch, queue.model, queue.arena, scheduler, sender),
+                    queue.wide_runner if batch.wide else None)
+
+
+def _on_threads(threads: int, run: Callable[[], object], runner: Executor | None = None) -> None:
+    """Run `run` on `threads` torch threads, from `runner`'s thread where given."""
+    def on_its_threads() -> None:
+        with torch_threads(threads):
+            run()
+
+    if runner is None:
         on_its_threads()
+    else:
+        runner.submit(on_its_threads).result()
 
 
 def _run(batch: Batch, model: LoadedModel, arena: Arena, scheduler: Scheduler, sender: _Sender) -> None:

@@ -106,16 +106,19 @@ def test_torch_on_a_cpu_runs_texts_in_a_single_threaded_lane_per_core():
 
 
 class _ThreadsCosted:
-    """A text engine on the caller's threads: each pass records its torch threads and
-    whether it was wide, and sleeps 1 ms + 10 us per token."""
+    """A text engine on the caller's threads: each pass records its torch threads, whether
+    it was wide and the thread it ran on, and sleeps 1 ms + 10 us per token."""
 
     pad_id, lanes, widens, express, name, on_caller_threads = 0, 1, False, False, "threads-costed", True
 
     def __init__(self) -> None:
         self.passes: list[tuple[int, bool]] = []
+        self.wide_callers: list[str] = []
 
     def forward(self, input_ids, attention_mask, token_type_ids, wide=False, express=False):  # noqa: ANN001, ANN201
         self.passes.append((torch.get_num_threads(), wide))
+        if wide:
+            self.wide_callers.append(threading.current_thread().name)
         time.sleep(1e-3 + 10e-6 * int(attention_mask.sum()))
         return torch.zeros((*input_ids.shape, 1))
 
@@ -127,10 +130,13 @@ def test_the_warm_up_times_a_lanes_passes_on_a_lanes_threads():
     engine = _ThreadsCosted()
     head = PooledEmbedding.__new__(PooledEmbedding)
     head._pooling, head._normalize = "mean", False
-    with torch_threads(2):
-        _warm_up(LoadedModel(engine, head, "float32"), max_length=256, lanes=_TextLanes(2, True, (1, 2)))
+    with torch_threads(2), ThreadPoolExecutor(1, thread_name_prefix="wide-pass") as wide_runner:
+        _warm_up(LoadedModel(engine, head, "float32"), max_length=256, lanes=_TextLanes(2, True, (1, 2)),
+                 wide_runner=wide_runner)
         assert torch.get_num_threads() == 2
     wide = [threads for threads, is_wide in engine.passes if is_wide]
     narrow = [threads for threads, is_wide in engine.passes if not is_wide]
     assert wide == [2]  # the lone input's pass, on every thread
+    # ... from the thread that runs them served, so the first lone input finds its OpenMP team started.
+    assert len(engine.wide_callers) == 1 and engine.wide_callers[0].startswith("wide-pass")
     assert len(narrow) > 2 and set(narrow) == {1}  # each lane once at start, then every timed pass
