@@ -12,17 +12,27 @@ every token's). "Faster": more inputs per second in batches of similar ones shar
 lanes, with a lone short input at most `LONE_SLOWDOWN` times float32's (on small models a
 pass over a few tokens costs torch more fixed time than CTranslate2, while batches run
 several times faster: bench/RESULTS.md, "bfloat16 on CPUs").
+
+The trial's figures are kept in the cache directory, keyed by the model's folder, its
+settings, the thread count, the CPU and the libraries' versions: a later start on the same
+machine decides from them without the trial (and without loading the losing model), so
+it serves the same precision as the first and starts as fast as a float32 one. Deleting
+the record (its path is logged) measures again.
 """
 
 from __future__ import annotations
 
 import gc
+import importlib.metadata
 import logging
+import os
+import tempfile
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import msgspec
@@ -30,8 +40,11 @@ import numpy as np
 import torch
 
 from infinity.shared.corpus import sentences
+from infinity.shared.devices import cpu_identity
+from infinity.shared.folders import cache_dir
 from infinity.shared.media import MEDIUM_OF_KIND
 from infinity.shared.protocol import ModelSpec
+from workers.engines.artifacts import fingerprint
 from workers.media_towers import media_module
 from workers.tokenization import load_tokenizer
 
@@ -51,6 +64,10 @@ TRIAL_ROUNDS = 2
 SPIN_DOWN_S = 0.3
 _ITEMS = {"image": "images", "audio": "clips"}  # what the figures call a medium's items
 _SEED = 20261201  # any fixed seed: the same texts on every start
+# How the figures are measured: a change here makes every model's kept figures stale.
+TRIAL_VERSION = "1"
+# The libraries whose speed the figures measure, by the float32 engine they were set against.
+_PACKAGES = {"ctranslate2": ("ctranslate2",), "onnx": ("onnxruntime", "onnxruntime-gpu")}
 
 
 @dataclass(frozen=True)
@@ -95,24 +112,87 @@ def _verdict(figures: TrialFigures) -> tuple[bool, str]:
 
 def load_by_trial(spec: ModelSpec, threads: int, load: Callable[[ModelSpec, int], LoadedModel]) -> LoadedModel:
     """The model `spec` asks for in bfloat16, or in float32 on `spec.float32_engine` if the
-    trial says so (`load`: how one spec is loaded)."""
+    trial (or its figures kept from an earlier start) says so (`load`: how one spec is loaded)."""
     assert spec.float32_engine is not None
     float32_spec = msgspec.structs.replace(
         spec, engine=spec.float32_engine, dtype="float32", float32_engine=None,
         fallback_engine="torch" if spec.float32_engine != "torch" else None)
+    bfloat16_spec = msgspec.structs.replace(spec, float32_engine=None, fallback_engine=None)
+    record = trial_record(spec, threads)
+    kept = _read_figures(record)
+    if kept is None:
+        return _load_by_new_trial(spec, float32_spec, bfloat16_spec, threads, load, record)
+    keep, why = keeps_bfloat16(kept)
+    log.info("'%s' serves %s: %s (figures of an earlier start's trial, kept in %s)",
+             spec.name, "bfloat16" if keep else "float32", why, record)
+    if keep:
+        try:
+            return load(bfloat16_spec, threads)
+        except Exception:
+            log.warning("'%s' cannot be loaded in bfloat16; serving float32", spec.name, exc_info=True)
+    return load(float32_spec, threads)
+
+
+def _load_by_new_trial(spec: ModelSpec, float32_spec: ModelSpec, bfloat16_spec: ModelSpec, threads: int,
+                       load: Callable[[ModelSpec, int], LoadedModel], record: Path) -> LoadedModel:
     exact = load(float32_spec, threads)
     try:
-        reduced = load(msgspec.structs.replace(spec, float32_engine=None, fallback_engine=None), threads)
-        keep, why = keeps_bfloat16(run_trial(spec, reduced, exact, threads))
+        reduced = load(bfloat16_spec, threads)
+        figures = run_trial(spec, reduced, exact, threads)
     except Exception:
         # bfloat16 is an option: a model that cannot load or run it is served as it was.
         log.warning("'%s' cannot be tried in bfloat16; serving float32", spec.name, exc_info=True)
         return exact
+    _keep_figures(record, figures)
+    keep, why = keeps_bfloat16(figures)
     log.info("'%s' serves %s: %s", spec.name, "bfloat16" if keep else "float32", why)
     chosen = reduced if keep else exact
     del reduced, exact
     gc.collect()
     return chosen
+
+
+def trial_record(spec: ModelSpec, threads: int) -> Path:
+    """Where the figures of `spec`'s trial with `threads` threads on this machine are kept."""
+    packages = sorted({"torch", "infinity-serve", *_PACKAGES.get(spec.float32_engine or "", ())})
+    versions = []
+    for package in packages:
+        try:
+            versions.append(f"{package} {importlib.metadata.version(package)}")
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    # The name it is served under and the device do not change what is measured.
+    measured = msgspec.json.encode(msgspec.structs.replace(spec, name="", device="")).decode()
+    source = Path(spec.path)
+    digest = fingerprint(source, {"spec": measured, "threads": str(threads), "cpu": cpu_identity(),
+                                  "libraries": ", ".join(versions), "trial": TRIAL_VERSION})
+    return cache_dir() / "precision" / f"{source.name}-{digest}.json"
+
+
+def _read_figures(record: Path) -> list[TrialFigures] | None:
+    """The figures kept in `record`, or None where there are none (or unreadable ones)."""
+    try:
+        return msgspec.json.decode(record.read_bytes(), type=list[TrialFigures])
+    except FileNotFoundError:
+        return None
+    except (OSError, msgspec.DecodeError, msgspec.ValidationError) as exc:
+        log.warning("trial figures in %s cannot be read (%s); trying again", record, exc)
+        return None
+
+
+def _keep_figures(record: Path, figures: list[TrialFigures]) -> None:
+    """Write `figures` to `record` whole or not at all; a cache that cannot be written
+    only costs the next start its trial."""
+    staging = None
+    try:
+        record.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=record.parent, prefix=".trial-", delete=False) as staging:
+            staging.write(msgspec.json.encode(figures))
+        os.replace(staging.name, record)
+    except OSError as exc:
+        log.warning("trial figures cannot be kept in %s: %s", record, exc)
+        if staging is not None:
+            Path(staging.name).unlink(missing_ok=True)
 
 
 # Runs one batch (or the lone input) of a trial on a model, giving its output.

@@ -107,11 +107,26 @@ NATIVE_BFLOAT16_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
 def cpu_computes_bfloat16(cpuinfo: str = "/proc/cpuinfo") -> bool:
     """Whether this machine's CPU has bfloat16 dot-product instructions (Linux's flags;
     False where they cannot be read)."""
+    return not NATIVE_BFLOAT16_FLAGS.isdisjoint(_first_cpu(cpuinfo).get("flags", "").split())
+
+
+def cpu_identity(cpuinfo: str = "/proc/cpuinfo") -> str:
+    """The CPU's model name and flags as Linux reports them ("" where they cannot be read):
+    what a measurement made on this machine holds for."""
+    cpu = _first_cpu(cpuinfo)
+    return f"{cpu.get('model name', '')} | {cpu.get('flags', '')}".strip(" |")
+
+
+def _first_cpu(cpuinfo: str) -> dict[str, str]:
+    """The first processor's fields in `cpuinfo` (empty where it cannot be read)."""
+    fields: dict[str, str] = {}
     try:
         with open(cpuinfo) as f:
             for line in f:
-                if line.startswith("flags"):
-                    return not NATIVE_BFLOAT16_FLAGS.isdisjoint(line.partition(":")[2].split())
+                if not line.strip():
+                    break
+                key, _, value = line.partition(":")
+                fields[key.strip()] = value.strip()
     except OSError:
         pass
-    return False
+    return fields

@@ -1,16 +1,20 @@
 """`dtype = "auto"` and bfloat16 on CPUs, without loading a model: which models try it,
-what the trial's figures decide, and how the CPU's support is read."""
+what the trial's figures decide, how they are kept for later starts, and how the CPU's
+support is read."""
 
 from __future__ import annotations
 
 from types import SimpleNamespace
 
+import msgspec
 import pytest
 
 from infinity.config import ModelConfig, load_config
 from infinity.models import resolve_model
 from infinity.shared.devices import cpu_computes_bfloat16
-from workers.precision import TrialFigures, keeps_bfloat16, load_by_trial
+import workers.precision
+from infinity.shared.devices import cpu_identity
+from workers.precision import TrialFigures, keeps_bfloat16, load_by_trial, trial_record
 
 CLOSE = {"inputs": "texts", "mean_cosine": 0.99995, "min_cosine": 0.9999}
 FASTER = {"bfloat16_per_s": 300.0, "float32_per_s": 140.0, "bfloat16_lone_ms": 3.0, "float32_lone_ms": 2.8}
@@ -85,17 +89,65 @@ def test_the_cpu_support_is_read_from_its_flags(tmp_path, flags, computes):
     assert cpu_computes_bfloat16(str(tmp_path / "missing")) is False
 
 
-def test_a_model_whose_trial_fails_is_served_in_float32():
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("INFINITY_CACHE_DIR", str(tmp_path))
+    return tmp_path
+
+
+def _loader(loaded: list[str], forward=None):  # noqa: ANN001, ANN202
+    """A stand-in for `load_model` that records the dtypes it was asked for."""
+    def load(asked, threads):  # noqa: ANN001, ANN202
+        loaded.append(asked.dtype)
+        return SimpleNamespace(dtype=asked.dtype, forward=forward,
+                               engine=SimpleNamespace(pad_id=0, lanes=1, widens=False))
+    return load
+
+
+def test_a_model_whose_trial_fails_is_served_in_float32(cache):
     spec = resolve_model(ModelConfig(name="m"), cpu_bfloat16=True)
     loaded = []
 
     def fails(*args, **kwargs):
         raise RuntimeError("no bfloat16 kernel for this op")
 
-    def load(asked, threads):
-        loaded.append(asked.dtype)
-        return SimpleNamespace(dtype=asked.dtype, forward=fails,
-                               engine=SimpleNamespace(pad_id=0, lanes=1, widens=False))
-
-    chosen = load_by_trial(spec, 1, load)
+    chosen = load_by_trial(spec, 1, _loader(loaded, fails))
     assert loaded == ["float32", "bfloat16"] and chosen.dtype == "float32"
+    assert not trial_record(spec, 1).exists()  # the next start tries again
+
+
+@pytest.mark.parametrize("figures, chosen", [(FASTER, "bfloat16"), ({**FASTER, "bfloat16_per_s": 100.0}, "float32")])
+def test_a_later_start_serves_what_the_first_ones_trial_chose_without_trying_again(cache, monkeypatch,
+                                                                                    figures, chosen):
+    spec = resolve_model(ModelConfig(name="m"), cpu_bfloat16=True)
+    trials = []
+    monkeypatch.setattr(workers.precision, "run_trial",
+                        lambda *args: trials.append(args) or [TrialFigures(**CLOSE, **figures)])
+    first, later = [], []
+    assert load_by_trial(spec, 2, _loader(first)).dtype == chosen
+    assert len(trials) == 1 and first == ["float32", "bfloat16"]
+    assert load_by_trial(spec, 2, _loader(later)).dtype == chosen
+    assert len(trials) == 1 and later == [chosen]  # the losing model is not even loaded
+    # Under another name the model is the same; with other threads its speed is not.
+    assert trial_record(msgspec.structs.replace(spec, name="other"), 2) == trial_record(spec, 2)
+    assert load_by_trial(spec, 1, _loader([])).dtype == chosen and len(trials) == 2
+
+
+def test_unreadable_kept_figures_are_measured_again(cache, monkeypatch):
+    spec = resolve_model(ModelConfig(name="m"), cpu_bfloat16=True)
+    record = trial_record(spec, 2)
+    record.parent.mkdir(parents=True)
+    record.write_text('[{"inputs": "texts"')
+    monkeypatch.setattr(workers.precision, "run_trial", lambda *args: [TrialFigures(**CLOSE, **FASTER)])
+    loaded = []
+    assert load_by_trial(spec, 2, _loader(loaded)).dtype == "bfloat16" and loaded == ["float32", "bfloat16"]
+    assert keeps_bfloat16(workers.precision._read_figures(record))[0]
+    assert [p.name for p in record.parent.iterdir()] == [record.name]  # no staging file left behind
+
+
+def test_the_cpu_identity_holds_its_model_and_flags(tmp_path):
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nmodel name\t: a CPU\nflags\t\t: avx2 amx_bf16\n\n"
+                       "processor\t: 1\nmodel name\t: another\n")
+    assert cpu_identity(str(cpuinfo)) == "a CPU | avx2 amx_bf16"
+    assert cpu_identity(str(tmp_path / "missing")) == ""

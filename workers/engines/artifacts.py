@@ -21,16 +21,21 @@ from pathlib import Path
 from infinity.shared.folders import cache_dir
 
 
-def cached_build(engine: str, source: Path, settings: dict[str, str],
-                 build: Callable[[Path], None]) -> tuple[Path, bool]:
-    """The folder holding `source` converted for `engine`; `build(staging)` writes it when
-    no cached one matches. Returns (folder, whether it was built now)."""
-    fingerprint = hashlib.sha256(json.dumps({
+def fingerprint(source: Path, settings: dict[str, str]) -> str:
+    """A short digest of the model folder `source` (its files' names, sizes and
+    modification times) and `settings`: any change gives another."""
+    return hashlib.sha256(json.dumps({
         "source": str(source.resolve()),
         "files": sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in source.iterdir() if p.is_file()),
         **settings,
     }, sort_keys=True).encode()).hexdigest()[:16]
-    target = cache_dir() / engine / f"{source.name}-{fingerprint}"
+
+
+def cached_build(engine: str, source: Path, settings: dict[str, str],
+                 build: Callable[[Path], None]) -> tuple[Path, bool]:
+    """The folder holding `source` converted for `engine`; `build(staging)` writes it when
+    no cached one matches. Returns (folder, whether it was built now)."""
+    target = cache_dir() / engine / f"{source.name}-{fingerprint(source, settings)}"
     if target.is_dir():
         return target, False
     target.parent.mkdir(parents=True, exist_ok=True)
