@@ -9,9 +9,11 @@ before serving.
 
 The bar (`MEAN_COSINE`, `MIN_COSINE`) is over every output vector (a multi-vector model's,
 every token's). "Faster": more inputs per second in batches of similar ones shared by the
-lanes, with a lone short input at most `LONE_SLOWDOWN` times float32's (on small models a
-pass over a few tokens costs torch more fixed time than CTranslate2, while batches run
-several times faster: bench/RESULTS.md, "bfloat16 on CPUs").
+lanes, with one input at a time taking at most `LONE_SLOWDOWN` times float32's (the median
+over inputs of every length, each after a pause as one client's requests come: on small
+models a pass over a few tokens costs torch more fixed time than CTranslate2, and a pass
+after idle cores finds fewer of its weights in the caches, while batches run several
+times faster: bench/RESULTS.md, "bfloat16 on CPUs").
 
 The trial's figures are kept in the cache directory, keyed by the model's folder, its
 settings, the thread count, the CPU and the libraries' versions: a later start on the same
@@ -62,6 +64,11 @@ TRIAL_MEDIA = 8
 TRIAL_MEDIA_BATCH = 4
 TRIAL_ROUNDS = 2
 SPIN_DOWN_S = 0.3
+TRIAL_LONE_TEXTS = 16  # of the trial's texts, spread over their lengths, timed one at a time
+TRIAL_LONE_MEDIA = 4  # times a lone media item is timed per round
+# Before each lone pass: one client's requests come apart, and the other engine's threads
+# stop spinning (OpenMP waits actively for a fraction of a millisecond after a pass).
+LONE_PAUSE_S = 0.03
 _ITEMS = {"image": "images", "audio": "clips"}  # what the figures call a medium's items
 _SEED = 20261201  # any fixed seed: the same texts on every start
 # How the figures are measured: a change here makes every model's kept figures stale.
@@ -79,7 +86,7 @@ class TrialFigures:
     min_cosine: float
     bfloat16_per_s: float  # inputs per second in batches of similar ones shared by the lanes
     float32_per_s: float
-    bfloat16_lone_ms: float  # one short input, the fastest of a few
+    bfloat16_lone_ms: float  # one input at a time, each after a pause: the median over the lone inputs
     float32_lone_ms: float
 
 
@@ -195,7 +202,7 @@ def _keep_figures(record: Path, figures: list[TrialFigures]) -> None:
             Path(staging.name).unlink(missing_ok=True)
 
 
-# Runs one batch (or the lone input) of a trial on a model, giving its output.
+# Runs one batch (or one lone input) of a trial on a model, giving its output.
 Pass = Callable[["LoadedModel"], object]
 
 
@@ -204,7 +211,7 @@ class _Inputs:
     name: str
     batches: list[Pass]
     sizes: list[int]  # inputs per batch
-    lone: Pass
+    lones: list[Pass]  # inputs run one at a time, in turn
 
 
 def run_trial(spec: ModelSpec, reduced: LoadedModel, exact: LoadedModel, threads: int) -> list[TrialFigures]:
@@ -223,9 +230,10 @@ def _texts(spec: ModelSpec, pad_id: int) -> _Inputs:
     encodings = sorted(tokenizer.encode_batch(sentences(TRIAL_TEXTS, _SEED)), key=len)
     batches = [_padded([e.ids for e in encodings[i:i + TRIAL_BATCH]], pad_id)
                for i in range(0, len(encodings), TRIAL_BATCH)]
-    lone = _padded([encodings[0].ids], pad_id)
+    step = max(len(encodings) // TRIAL_LONE_TEXTS, 1)
+    lones = [partial(_forward, batch=_padded([e.ids], pad_id), lone=True) for e in encodings[::step]]
     return _Inputs("texts", [partial(_forward, batch=batch) for batch in batches], [len(b[0]) for b in batches],
-                   partial(_forward, batch=lone, lone=True))
+                   lones)
 
 
 def _media(spec: ModelSpec) -> _Inputs:
@@ -243,7 +251,7 @@ def _media(spec: ModelSpec) -> _Inputs:
 
     starts = range(0, TRIAL_MEDIA, TRIAL_MEDIA_BATCH)
     return _Inputs(_ITEMS[MEDIUM_OF_KIND[spec.kind]], [items(start, TRIAL_MEDIA_BATCH) for start in starts],
-                   [TRIAL_MEDIA_BATCH] * len(starts), items(0, 1))
+                   [TRIAL_MEDIA_BATCH] * len(starts), [items(0, 1)] * TRIAL_LONE_MEDIA)
 
 
 def _forward(model: LoadedModel, batch: tuple[np.ndarray, ...], lone: bool = False) -> object:
@@ -258,10 +266,12 @@ def _forward_media(model: LoadedModel, features: np.ndarray, ids: np.ndarray | N
 
 
 def _measure(inputs: _Inputs, models: dict[str, LoadedModel], threads: int) -> TrialFigures:
-    outputs, per_s, lone_ms = {}, {name: 0.0 for name in models}, {name: float("inf") for name in models}
+    outputs, per_s, lone_ms = {}, {name: 0.0 for name in models}, {name: [] for name in models}
     for name, model in models.items():
         _size_torch_threads(model, threads)
         outputs[name] = [run(model) for run in inputs.batches]  # also the warm-up of these shapes
+        for lone in inputs.lones:
+            lone(model)
     # Rounds alternate the models and keep each one's best: one engine's threads spin for a
     # while after its pass (OpenMP's block time) and would slow the other's first pass.
     for _ in range(TRIAL_ROUNDS):
@@ -269,10 +279,16 @@ def _measure(inputs: _Inputs, models: dict[str, LoadedModel], threads: int) -> T
             time.sleep(SPIN_DOWN_S)
             _size_torch_threads(model, threads)
             per_s[name] = max(per_s[name], _per_second(model, inputs))
-            lone_ms[name] = min(lone_ms[name], _lone_ms(model, inputs.lone))
+        # Lone inputs alternate the models input by input, so the machine's drift falls on both.
+        for lone in inputs.lones:
+            for name, model in models.items():
+                _size_torch_threads(model, threads)
+                time.sleep(LONE_PAUSE_S)
+                lone_ms[name].append(_milliseconds(partial(lone, model)))
     cosines = _row_cosines(outputs["bfloat16"], outputs["float32"])
+    lone = {name: float(np.median(times)) for name, times in lone_ms.items()}
     return TrialFigures(inputs.name, float(cosines.mean()), float(cosines.min()), per_s["bfloat16"],
-                        per_s["float32"], lone_ms["bfloat16"], lone_ms["float32"])
+                        per_s["float32"], lone["bfloat16"], lone["float32"])
 
 
 def _size_torch_threads(model: LoadedModel, threads: int) -> None:
@@ -299,14 +315,10 @@ def _per_second(model: LoadedModel, inputs: _Inputs) -> float:
     return sum(inputs.sizes) / took
 
 
-def _lone_ms(model: LoadedModel, lone: Pass, repeats: int = 15) -> float:
-    """The fastest of `repeats` passes: on a shared machine the slower ones measure the neighbours."""
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        lone(model)
-        best = min(best, time.perf_counter() - start)
-    return best * 1e3
+def _milliseconds(run: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    run()
+    return (time.perf_counter() - start) * 1e3
 
 
 def _row_cosines(reduced: list, exact: list) -> np.ndarray:

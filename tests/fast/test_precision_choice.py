@@ -7,6 +7,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import msgspec
+import numpy as np
 import pytest
 
 from infinity.config import ModelConfig, load_config
@@ -151,3 +152,27 @@ def test_the_cpu_identity_holds_its_model_and_flags(tmp_path):
                        "processor\t: 1\nmodel name\t: another\n")
     assert cpu_identity(str(cpuinfo)) == "a CPU | avx2 amx_bf16"
     assert cpu_identity(str(tmp_path / "missing")) == ""
+
+
+def test_lone_inputs_span_the_trials_lengths_and_alternate_the_models(monkeypatch):
+    spec = resolve_model(ModelConfig(name="m"), cpu_bfloat16=True)
+    texts = workers.precision._texts(spec, pad_id=0)
+    lengths = [lone.keywords["batch"][0].shape[1] for lone in texts.lones]
+    assert len(lengths) == workers.precision.TRIAL_LONE_TEXTS and lengths == sorted(lengths)
+    assert lengths[0] < 10 and lengths[-1] > 100  # queries and passages, as one client sends them
+    monkeypatch.setattr(workers.precision, "LONE_PAUSE_S", 0.0)
+    monkeypatch.setattr(workers.precision, "SPIN_DOWN_S", 0.0)
+    ran = []
+
+    def model(name: str) -> SimpleNamespace:
+        def forward(ids, *rest, wide=False):  # noqa: ANN001, ANN202
+            ran.append((name, wide))
+            return np.ones((len(ids), 2), dtype=np.float32)
+        return SimpleNamespace(forward=forward, engine=SimpleNamespace(lanes=1, widens=True))
+
+    figures = workers.precision._measure(texts, {"bfloat16": model("bfloat16"), "float32": model("float32")}, 1)
+    lone_turns = [name for name, wide in ran if wide]
+    # Each model's warm-up first; then per round the lone inputs alternate input by input.
+    timed = lone_turns[2 * len(texts.lones):]
+    assert timed == ["bfloat16", "float32"] * (workers.precision.TRIAL_ROUNDS * len(texts.lones))
+    assert figures.mean_cosine == pytest.approx(1.0) and figures.bfloat16_lone_ms > 0
