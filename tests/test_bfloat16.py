@@ -1,7 +1,8 @@
 """bfloat16 on CPUs that compute it natively: its fidelity to float32 on the packaged model,
 and a server whose `dtype = "auto"` may choose it reporting what it chose. Skipped, with
 the reason, on CPUs without bfloat16 instructions (there `auto` is float32, as the last
-test checks on any machine)."""
+test checks on any machine). On any CPU: the padding-free pass in bfloat16 computes every
+step in bfloat16 (dtypes, not speed)."""
 
 from __future__ import annotations
 
@@ -10,12 +11,15 @@ import re
 import msgspec
 import numpy as np
 import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from infinity.config import ModelConfig
 from infinity.models import resolve_model
 from infinity.shared.devices import cpu_computes_bfloat16
 from tests.conftest import MODEL_NAME
-from tests.tiny_models import save_tiny_clap, save_tiny_clip, save_tiny_colpali, save_tiny_colqwen2, save_tiny_siglip
+from tests.tiny_models import (save_tiny_clap, save_tiny_clip, save_tiny_colpali, save_tiny_colqwen2,
+                               save_tiny_family_model, save_tiny_siglip)
 from workers.heads import load_model
 from workers.precision import MEAN_COSINE, MIN_COSINE, run_trial
 
@@ -35,6 +39,40 @@ def test_bfloat16_vectors_of_the_packaged_model_meet_the_bar_against_float32():
     assert figures.inputs == "texts"
     assert figures.mean_cosine >= MEAN_COSINE and figures.min_cosine >= MIN_COSINE, figures
     assert figures.mean_cosine < 1.0  # bfloat16 was computed, not float32 twice
+
+
+class _FloatingOutputs(TorchDispatchMode):
+    """Records every operator that makes a floating tensor, with that tensor's dtype."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.made: set[tuple[str, torch.dtype]] = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+        out = func(*args, **(kwargs or {}))
+        for tensor in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(tensor, torch.Tensor) and tensor.is_floating_point():
+                self.made.add((str(func), tensor.dtype))
+        return out
+
+
+@pytest.mark.parametrize("family", ["packaged", "roberta", "xlm-roberta"])
+def test_the_padding_free_pass_in_bfloat16_computes_every_step_in_bfloat16(tmp_path, family):
+    # No operator of the transformer may widen to float32 on the way (a silent upcast would
+    # cost the speed bfloat16 is chosen for); only the head turns the pooled vector to float32.
+    source = {} if family == "packaged" else {"source": str(save_tiny_family_model(tmp_path, family))}
+    spec = resolve_model(ModelConfig(name="m", engine="torch", dtype="bfloat16", **source))
+    model = load_model(spec, threads=2)
+    mask = np.array([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]])
+    ids = np.where(mask == 1, np.arange(10).reshape(2, 5) + 5, model.engine.pad_id)
+    assert model.engine._packed is not None, "the padding-free pass is not the one run"
+    seen = _FloatingOutputs()
+    with seen:
+        model.engine.forward(ids, mask, np.zeros_like(ids))
+    assert seen.made and {dtype for _, dtype in seen.made} == {torch.bfloat16}, sorted(
+        op for op, dtype in seen.made if dtype != torch.bfloat16)
+    vectors = model.forward(ids, mask, np.zeros_like(ids))
+    assert vectors.dtype == np.float32
 
 
 @needs_bfloat16
