@@ -28,6 +28,10 @@ SHAPES = {
     "xlm-roberta-base": ("xlm-roberta", {"hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12,
                                          "intermediate_size": 3072, "pad_token_id": 1, "bos_token_id": 101,
                                          "eos_token_id": 102}),
+    # all-mpnet-base-v2's shape: a family the torch engine runs padded (no padding-free pass).
+    "mpnet-base": ("mpnet", {"hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12,
+                             "intermediate_size": 3072, "pad_token_id": 1, "bos_token_id": 101,
+                             "eos_token_id": 102}),
     "null": ("bert", {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 1, "intermediate_size": 32}),
 }
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt")
