@@ -8,7 +8,9 @@ on the engine and dtype the server reports in `/v1/models`, and each of the load
 generator's first texts is run both ways, alternately: in process (tokenized, on the pass
 a lone input gets), then as one `POST /v1/embeddings` over a kept-alive connection, with
 a pause between so neither's threads still spin when the other runs. Reported: both
-medians, their ratio, and the median of the per-text ratios.
+medians, their ratio, the median of the per-text ratios, and where a served request's
+time went by the server's own histograms (`/metrics`: its time from headers to answer,
+the queue, the pass) against the client's.
 
 Usage: .venv/bin/python -m bench.lone [--model-dir FOLDER] [--texts 400] [--setting 'dtype = "float32"']
 """
@@ -19,6 +21,7 @@ import argparse
 import http.client
 import json
 import os
+import re
 import statistics
 import time
 from collections.abc import Callable
@@ -33,6 +36,9 @@ from infinity.shared.corpus import sentences
 
 WARM_UP_TEXTS = 30
 PAUSE_S = 0.03
+# The server's histograms of a request's time, by what they time.
+HISTOGRAMS = {"request": "infinity_request_duration_seconds", "queue": "infinity_queue_duration_seconds",
+              "inference": "infinity_inference_duration_seconds"}
 
 
 def main() -> None:
@@ -58,20 +64,32 @@ def main() -> None:
         texts = sentences(WARM_UP_TEXTS + args.texts, 0)
         wait_quiet(args)
         local, served = [], []
-        for text in texts:
+        for index, text in enumerate(texts):
+            if index == WARM_UP_TEXTS:
+                local, served, before = [], [], _histogram_totals(connection)
             local.append(_seconds(lambda: run_locally(text)))
             time.sleep(PAUSE_S)
             served.append(_seconds(lambda: _embed(connection, text)))
             time.sleep(PAUSE_S)
-        local, served = local[WARM_UP_TEXTS:], served[WARM_UP_TEXTS:]
+        after = _histogram_totals(connection)
     figures = {"date": stamp, "folder": folder, "settings": args.setting, "engine": engine, "dtype": dtype,
                "texts": args.texts, "in_process_p50_ms": statistics.median(local) * 1e3,
                "served_p50_ms": statistics.median(served) * 1e3,
-               "per_text_ratio_p50": statistics.median(s / t for s, t in zip(served, local))}
+               "per_text_ratio_p50": statistics.median(s / t for s, t in zip(served, local)),
+               "in_process_mean_ms": statistics.mean(local) * 1e3, "served_mean_ms": statistics.mean(served) * 1e3}
     figures["ratio_of_medians"] = figures["served_p50_ms"] / figures["in_process_p50_ms"]
+    for what, name in HISTOGRAMS.items():
+        total, count = (after[name][i] - before[name][i] for i in (0, 1))
+        figures[f"server_{what}_mean_ms"] = total / count * 1e3 if count else float("nan")
     print(f"  {engine} {dtype}, {args.texts} texts one at a time: in process p50 {figures['in_process_p50_ms']:.2f} ms, "
           f"served p50 {figures['served_p50_ms']:.2f} ms: {figures['ratio_of_medians']:.2f}x "
           f"(per-text ratio p50 {figures['per_text_ratio_p50']:.2f})", flush=True)
+    serving_path = (figures["server_request_mean_ms"] - figures["server_queue_mean_ms"]
+                    - figures["server_inference_mean_ms"])
+    print(f"  means: in process {figures['in_process_mean_ms']:.2f} ms; served {figures['served_mean_ms']:.2f} ms = "
+          f"server {figures['server_request_mean_ms']:.2f} (queue {figures['server_queue_mean_ms']:.2f}, pass "
+          f"{figures['server_inference_mean_ms']:.2f}, the rest {serving_path:.2f}) + client and HTTP "
+          f"{figures['served_mean_ms'] - figures['server_request_mean_ms']:.2f}", flush=True)
     (OUT_DIR / f"{stamp}-lone.json").write_text(json.dumps(figures, indent=2) + "\n")
     print(f"saved bench/out/{stamp}-lone.json")
 
@@ -90,6 +108,15 @@ def _embed(connection: http.client.HTTPConnection, text: str) -> None:
     if response.status != 200:
         raise RuntimeError(f"the server answered {response.status}: {payload[:200]!r}")
     check_response(json.loads(payload), 1, "float")
+
+
+def _histogram_totals(connection: http.client.HTTPConnection) -> dict[str, tuple[float, float]]:
+    """Each of `HISTOGRAMS`' (sum of seconds, count) over all its labels, from `/metrics`."""
+    connection.request("GET", "/metrics")
+    text = connection.getresponse().read().decode()
+    return {name: tuple(sum(float(value) for value in re.findall(rf"^{name}_{part}(?:{{[^}}]*}})? (\S+)$", text, re.M))
+                        for part in ("sum", "count"))
+            for name in HISTOGRAMS.values()}
 
 
 def _seconds(call: Callable[[], object]) -> float:
