@@ -14,8 +14,10 @@ from workers.engines.base import RawOutput
 def pool(mode: str, hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
     """(n, L, d) token states, (n, L) mask -> (n, d)."""
     if mode == "mean":
+        # Summed into float32: a reduced-precision sum would round every pooled vector to
+        # 8 bits of mantissa (float32 states give the same bits as before).
         mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
-        return (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1e-9)
+        return (hidden * mask).sum(dim=1, dtype=torch.float32) / mask.sum(dim=1, dtype=torch.float32).clamp(min=1e-9)
     if mode == "cls":
         return hidden[:, 0]
     if mode == "lasttoken":
