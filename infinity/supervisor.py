@@ -157,6 +157,7 @@ class Child:
         self._launch = launch
         self.process: multiprocessing.process.BaseProcess | None = None
         self.socket: zmq.Socket | None = None
+        self._outbox: list[bytes] = []  # encoded messages waiting for this turn's send
         self.ready = False
         self.failures = 0  # in a row, for the back-off: a child that comes up starts again at 0
         self.restarts = 0  # since the server started
@@ -181,8 +182,22 @@ class Child:
         return min(MAX_RESTART_DELAY_S, 0.5 * 2 ** (self.failures - 1))
 
     def send(self, message: protocol.Message) -> None:
+        """Queue `message` for the child. What is queued in one turn of the event loop
+        leaves together, as the frames of one ZeroMQ message (the child reads each frame
+        as a message): one wake-up of the I/O threads for all of them, where each send
+        cost one (bench/RESULTS.md, "The serving path, thirteenth session")."""
         assert self.socket is not None
-        self.socket.send(protocol.encode(message))
+        self._outbox.append(protocol.encode(message))
+        if len(self._outbox) == 1:
+            try:
+                asyncio.get_running_loop().call_soon(self._flush)
+            except RuntimeError:  # no loop running (a stop): at once
+                self._flush()
+
+    def _flush(self) -> None:
+        outbox, self._outbox = self._outbox, []
+        if self.socket is not None and outbox:
+            self.socket.send_multipart(outbox)
 
     def _exited(self, on_exit: Callable[[Child], None]) -> None:
         assert self.process is not None
@@ -217,6 +232,7 @@ class Child:
         self.process = None
 
     def close_socket(self) -> None:
+        self._outbox.clear()  # as ZeroMQ drops what the closed socket held (linger 0)
         if self.socket is not None:
             self.socket.close(linger=0)
             self.socket = None
