@@ -159,9 +159,10 @@ MEDIA_ITEMS_PER_LANE = 2
 def _warm_up_media(model: LoadedModel, spec: ModelSpec, threads: int,
                    wide_runner: Executor | None = None) -> tuple[float, int]:
     """Run batches of one and four media items (so the first requests pay no one-time
-    costs; a lone item as the wide passes' thread runs it, where lanes are kept) and return the media queue's cost model, the fixed cost of a pass in items'
-    cost units (an image's patches, a clip's frames, a page's tokens; a model's items are
-    all alike, so there is no padding to price), and how many passes it runs at once."""
+    costs; where lanes are kept, a lone item also on the wide passes' thread) and return
+    the media queue's cost model, the fixed cost of a pass in items' cost units (an
+    image's patches, a clip's frames, a page's tokens; a model's items are all alike, so
+    there is no padding to price), and how many passes it runs at once."""
     lanes = threads if model.engine.on_caller_threads and threads > 1 else 1
     example = media_module(spec.kind).example_features(spec, max(4, lanes * MEDIA_ITEMS_PER_LANE))
 
