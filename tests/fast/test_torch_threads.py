@@ -140,3 +140,19 @@ def test_the_warm_up_times_a_lanes_passes_on_a_lanes_threads():
     # ... from the thread that runs them served, so the first lone input finds its OpenMP team started.
     assert len(engine.wide_callers) == 1 and engine.wide_callers[0].startswith("wide-pass")
     assert len(narrow) > 2 and set(narrow) == {1}  # each lane once at start, then every timed pass
+
+
+def test_the_media_warm_up_runs_a_lone_item_on_the_wide_passes_thread_where_lanes_are_kept(monkeypatch):
+    import workers.inference_worker as worker
+
+    example = SimpleNamespace(features=np.zeros((8, 4), np.float32), input_ids=None, grid=None, cost=1)
+    monkeypatch.setattr(worker, "media_module", lambda kind: SimpleNamespace(example_features=lambda spec, n: example))
+    monkeypatch.setattr(worker, "_media_lanes", lambda forward, lanes: lanes)  # lanes kept
+    model = _ThreadsSeen()
+    model.engine = SimpleNamespace(on_caller_threads=True)
+    with torch_threads(2), ThreadPoolExecutor(1, thread_name_prefix="wide-pass") as wide_runner:
+        _, lanes = worker._warm_up_media(model, SimpleNamespace(kind="image_text"), threads=2, wide_runner=wide_runner)
+    assert lanes == 2
+    # The timed passes on the calling thread; then one on the wide passes' thread, on every thread.
+    assert model.callers[-1].startswith("wide-pass") and model.seen[-1] == 2
+    assert not any(caller.startswith("wide-pass") for caller in model.callers[:-1])

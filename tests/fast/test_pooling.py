@@ -1,0 +1,32 @@
+"""The pooled head's mean: reduced-precision token states are summed into float32, and
+float32 states pool to the same bits as the plain masked mean."""
+
+from __future__ import annotations
+
+import torch
+
+from workers.heads.pooled import pool
+
+
+def _states() -> tuple[torch.Tensor, torch.Tensor]:
+    torch.manual_seed(0)
+    hidden = torch.randn(2, 300, 16)
+    mask = torch.ones(2, 300, dtype=torch.int64)
+    mask[1, 120:] = 0
+    return hidden, mask
+
+
+def test_a_bfloat16_mean_is_summed_and_answered_in_float32():
+    hidden, mask = _states()
+    states = hidden.to(torch.bfloat16)
+    exact = (states.double() * mask[..., None]).sum(dim=1) / mask.sum(dim=1, keepdim=True)
+    pooled = pool("mean", states, mask)
+    assert pooled.dtype == torch.float32
+    # A bfloat16 result keeps 8 bits of mantissa (about 4e-3 relative); float32 keeps 24.
+    torch.testing.assert_close(pooled.double(), exact, rtol=1e-5, atol=1e-6)
+
+
+def test_a_float32_mean_is_the_plain_masked_mean_to_the_bit():
+    hidden, mask = _states()
+    weights = mask[..., None].float()
+    assert torch.equal(pool("mean", hidden, mask), (hidden * weights).sum(dim=1) / weights.sum(dim=1))
