@@ -22,7 +22,6 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
-import zmq
 from numpy.lib.format import descr_to_dtype
 
 from infinity.config import MediaConfig, ServerConfig
@@ -107,12 +106,7 @@ class Pipeline:
                  media: MediaConfig | None = None) -> None:
         self._server = server
         self._media = media or MediaConfig()
-        self._folder = shm.ServerFolder()  # arenas and socket files
-        self._context = zmq.Context()
-        self._inbox = self._context.socket(zmq.PULL)
-        self._inbox.setsockopt(zmq.LINGER, 0)
-        self._inbox.setsockopt(zmq.RCVHWM, 0)
-        self._inbox.bind(self._endpoint("front"))
+        self._folder = shm.ServerFolder()  # arenas and channels' socket files
         self._pending: dict[int, _Pending] = {}
         self._next_id = 0
         self._outstanding: dict[str, int] = {}
@@ -152,12 +146,12 @@ class Pipeline:
                             spec.name, exc_info=True)
         return tokenizers
 
-    def _endpoint(self, name: str) -> str:
-        return f"ipc://{self._folder.path}/{name.replace(':', '_')}"
+    def _channel(self, name: str) -> str:
+        return f"{self._folder.path}/{name.replace(':', '_')}"
 
     def _args(self, name: str, specs: list[ModelSpec], cpus: list[int] | None, threads: int) -> protocol.WorkerArgs:
         return protocol.WorkerArgs(
-            name=name, front_endpoint=self._endpoint("front"), endpoint=self._endpoint(name),
+            name=name, channel=self._channel(name),
             models=specs, cpus=cpus, threads=threads, arena_prefix=self._folder.arena_prefix(),
             arena_slots=self._server.max_queued_items, log_level=self._server.log_level,
             max_image_bytes=self._media.max_image_bytes, max_image_pixels=self._media.max_image_pixels,
@@ -177,9 +171,8 @@ class Pipeline:
         """Start every child; return once all are ready, or raise `StartupError`."""
         loop = asyncio.get_running_loop()
         self._started = loop.create_future()
-        loop.add_reader(self._inbox.getsockopt(zmq.FD), self._receive)
         for child in self.children:
-            child.start(self._context, self._child_exited)
+            child.start(self._receive, self._child_exited)
         await self._started
 
     async def run(self, model: ServedModel, inputs: ModelInputs) -> Result:
@@ -229,20 +222,17 @@ class Pipeline:
             pending.future.result().release()
             return
         pending.abandoned = True
-        if pending.holder in self.inference and pending.holder.socket is not None:
+        if pending.holder in self.inference and pending.holder.channel is not None:
             pending.holder.send(protocol.Cancel(pending.request_id))
 
-    def _receive(self) -> None:
-        """Handle every message waiting on the inbox (its file descriptor is edge-triggered:
-        drain until ZeroMQ reports nothing more)."""
-        while self._inbox.getsockopt(zmq.EVENTS) & zmq.POLLIN:
-            message = protocol.decode(self._inbox.recv(zmq.NOBLOCK))
-            try:
-                self._handlers[type(message)](message)
-            except Exception as exc:
-                log.exception("handling %s failed", type(message).__name__)
-                if self._started is not None and not self._started.done():
-                    self._started.set_exception(StartupError(f"handling {type(message).__name__} failed: {exc}"))
+    def _receive(self, message: protocol.Message) -> None:
+        """Handle a message from a child."""
+        try:
+            self._handlers[type(message)](message)
+        except Exception as exc:
+            log.exception("handling %s failed", type(message).__name__)
+            if self._started is not None and not self._started.done():
+                self._started.set_exception(StartupError(f"handling {type(message).__name__} failed: {exc}"))
 
     def _child(self, name: str) -> Child:
         return next(child for child in self.children if child.name == name)
@@ -360,7 +350,7 @@ class Pipeline:
     def _restart(self, child: Child) -> None:
         if not self._stopping:
             child.reap(0)
-            child.start(self._context, self._child_exited)
+            child.start(self._receive, self._child_exited)
 
     async def drain(self, timeout: float) -> None:
         """Refuse new requests and wait, at most `timeout` seconds, for those held to finish."""
@@ -380,12 +370,9 @@ class Pipeline:
             child.terminate()
         await asyncio.to_thread(self._reap_all)
         for child in self.children:
-            child.close_socket()
+            child.close_channel()
         for pending in list(self._pending.values()):
             self._finish(pending, ServingError(protocol.ErrorKind.SHUTTING_DOWN, "the server is shutting down"))
-        asyncio.get_running_loop().remove_reader(self._inbox.getsockopt(zmq.FD))
-        self._inbox.close(linger=0)
-        self._context.term()
         self._folder.remove()
 
     def _reap_all(self) -> None:

@@ -20,9 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import zmq
-
 from infinity.shared import protocol
+from infinity.shared.channel import ChannelToChild
 
 log = logging.getLogger(__name__)
 
@@ -146,7 +145,7 @@ def _environment(values: dict[str, str]) -> Iterator[None]:
 
 
 class Child:
-    """One child process and the PUSH socket the front end reaches it on."""
+    """One child process and the front end's channel to it."""
 
     def __init__(self, args: protocol.WorkerArgs, entry_point: str, launch: Launch = spawn_process,
                  environment: dict[str, str] | None = None) -> None:
@@ -156,23 +155,20 @@ class Child:
         self._entry_point = entry_point
         self._launch = launch
         self.process: multiprocessing.process.BaseProcess | None = None
-        self.socket: zmq.Socket | None = None
-        self._outbox: list[bytes] = []  # encoded messages waiting for this turn's send
+        self.channel: ChannelToChild | None = None
+        self._outbox: list[protocol.Message] = []  # waiting for this turn's send
         self.ready = False
         self.failures = 0  # in a row, for the back-off: a child that comes up starts again at 0
         self.restarts = 0  # since the server started
 
-    def start(self, context: zmq.Context, on_exit: Callable[[Child], None]) -> None:
-        """Spawn the process and a fresh socket to it (so nothing queued for a dead
-        predecessor reaches the new process)."""
+    def start(self, on_message: Callable[[protocol.Message], None], on_exit: Callable[[Child], None]) -> None:
+        """Open a fresh channel (so nothing queued for a dead predecessor reaches the new
+        process), whose messages go to `on_message`, and spawn the process."""
         self.ready = False
+        self.channel = ChannelToChild(self.args.channel, on_message)
         self.process = self._launch(self._entry_point, self.args)
         with _environment(self.environment):
             self.process.start()
-        self.socket = context.socket(zmq.PUSH)
-        self.socket.setsockopt(zmq.LINGER, 0)
-        self.socket.setsockopt(zmq.SNDHWM, 0)
-        self.socket.connect(self.args.endpoint)
         asyncio.get_running_loop().add_reader(self.process.sentinel, self._exited, on_exit)
 
     def restart_delay(self) -> float:
@@ -183,11 +179,10 @@ class Child:
 
     def send(self, message: protocol.Message) -> None:
         """Queue `message` for the child. What is queued in one turn of the event loop
-        leaves together, as the frames of one ZeroMQ message (the child reads each frame
-        as a message): one wake-up of the I/O threads for all of them, where each send
-        cost one (bench/RESULTS.md, "The serving path, thirteenth session")."""
-        assert self.socket is not None
-        self._outbox.append(protocol.encode(message))
+        leaves together, in one write: one wake-up of the child for all of it
+        (bench/RESULTS.md, "The serving path, thirteenth session")."""
+        assert self.channel is not None
+        self._outbox.append(message)
         if len(self._outbox) == 1:
             try:
                 asyncio.get_running_loop().call_soon(self._flush)
@@ -196,8 +191,8 @@ class Child:
 
     def _flush(self) -> None:
         outbox, self._outbox = self._outbox, []
-        if self.socket is not None and outbox:
-            self.socket.send_multipart(outbox)
+        if self.channel is not None and outbox:
+            self.channel.send(outbox)
 
     def _exited(self, on_exit: Callable[[Child], None]) -> None:
         assert self.process is not None
@@ -205,7 +200,7 @@ class Child:
         # The sentinel closes as the process exits, a moment before it can be reaped.
         self.process.join(1.0)
         self.ready = False
-        self.close_socket()
+        self.close_channel()
         on_exit(self)
 
     def terminate(self) -> None:
@@ -231,8 +226,8 @@ class Child:
         self.process.close()
         self.process = None
 
-    def close_socket(self) -> None:
-        self._outbox.clear()  # as ZeroMQ drops what the closed socket held (linger 0)
-        if self.socket is not None:
-            self.socket.close(linger=0)
-            self.socket = None
+    def close_channel(self) -> None:
+        self._outbox.clear()
+        if self.channel is not None:
+            self.channel.close()
+            self.channel = None

@@ -268,7 +268,7 @@ class ServerProcess:
             return ""
 
     def run_dir(self) -> Path | None:
-        """The folder of the server's ZeroMQ ipc sockets (found through the unix sockets
+        """The folder of the server's channel sockets (found through the unix sockets
         its front end has open), or None."""
         inodes = set()
         for fd in Path(f"/proc/{self.pid}/fd").glob("*"):

@@ -23,10 +23,10 @@ from dataclasses import dataclass
 from functools import partial
 
 import numpy as np
-import zmq
 from numpy.lib.format import dtype_to_descr
 
 from infinity.shared import devices, protocol
+from infinity.shared.channel import ChannelClosed, ChannelToFront
 from infinity.shared.protocol import ModelSpec
 from infinity.shared.shm import Arena, SharedMemoryTooSmall
 from workers.batching import Batch, Scheduler, media_queue, queue_model
@@ -34,23 +34,23 @@ from workers.engines import set_torch_threads, torch_threads
 from workers.engines.base import WIDE_COPY_PAUSE, WIDE_COPY_TRIES, Engine, best_seconds
 from workers.heads import LoadedModel, load_model
 from workers.media_towers import media_module
-from workers.process import LAST_MESSAGE_LINGER_MS, start_child
+from workers.process import start_child
 
 log = logging.getLogger(__name__)
 
 
 def main(args: protocol.WorkerArgs) -> None:
-    context, inbox, to_front = start_child(args)
+    channel = start_child(args)
     try:
-        serve(args, context, inbox, to_front)
+        serve(args, channel)
     finally:
-        context.destroy(linger=LAST_MESSAGE_LINGER_MS)
+        channel.close()
 
 
-def serve(args: protocol.WorkerArgs, context: zmq.Context, inbox: zmq.Socket, to_front: zmq.Socket,
+def serve(args: protocol.WorkerArgs, channel: ChannelToFront,
           load: Callable[[ModelSpec, int], LoadedModel] = load_model) -> None:
     """Load and warm up every model (`load`: how), report `Ready`, then serve until the
-    process ends; a model that cannot load is reported as `StartupFailed`."""
+    front end closes the channel; a model that cannot load is reported as `StartupFailed`."""
     try:
         devices.require(args.models[0].device, [spec.name for spec in args.models])
         models = {spec.name: load(spec, args.threads) for spec in args.models}
@@ -67,11 +67,11 @@ def serve(args: protocol.WorkerArgs, context: zmq.Context, inbox: zmq.Socket, to
                                    0 if models[spec.name].head.ragged else models[spec.name].head.dim, create=True)
                   for spec in args.models}
     except (devices.DeviceUnavailable, SharedMemoryTooSmall) as exc:  # a configuration error: no traceback
-        to_front.send(protocol.encode(protocol.StartupFailed(args.name, str(exc))))
+        channel.send(protocol.StartupFailed(args.name, str(exc)))
         return
     except Exception as exc:
         log.exception("cannot load models")
-        to_front.send(protocol.encode(protocol.StartupFailed(args.name, f"{type(exc).__name__}: {exc}")))
+        channel.send(protocol.StartupFailed(args.name, f"{type(exc).__name__}: {exc}"))
         return
     scheduler = Scheduler()
     # Each queue's model and arena: a model's texts, and a two-tower model's media apart.
@@ -89,22 +89,20 @@ def serve(args: protocol.WorkerArgs, context: zmq.Context, inbox: zmq.Socket, to
             by_queue[media_queue(spec.name)] = _Queue(models[spec.name], arenas[spec.name],
                                                       (args.threads // lanes, args.threads) if lanes > 1 else None,
                                                       wide_runner)
-    threading.Thread(target=_guarded, args=(_receive, context, args, inbox, scheduler), daemon=True,
-                     name="receiver").start()
-    sender = _Sender(to_front)
+    threading.Thread(target=_guarded, args=(_receive, channel, scheduler), daemon=True, name="receiver").start()
     for lane in range(1, scheduler.lanes):
-        threading.Thread(target=_guarded, args=(_serve, by_queue, scheduler, sender), daemon=True,
+        threading.Thread(target=_guarded, args=(_serve, by_queue, scheduler, channel), daemon=True,
                          name=f"lane-{lane}").start()
     if scheduler.express:
-        threading.Thread(target=_guarded, args=(_serve, by_queue, scheduler, sender, scheduler.next_express_batch),
+        threading.Thread(target=_guarded, args=(_serve, by_queue, scheduler, channel, scheduler.next_express_batch),
                          daemon=True, name="express-lane").start()
     infos = [protocol.ModelInfo(spec.name, spec.kind, models[spec.name].head.dim, spec.max_length,
                                 models[spec.name].head.labels, models[spec.name].head.activation,
                                 arenas[spec.name].name, args.arena_slots, models[spec.name].engine.name,
                                 models[spec.name].head.ragged, models[spec.name].dtype)
              for spec in args.models]
-    sender.send(protocol.Ready(args.name, os.getpid(), infos))
-    _serve(by_queue, scheduler, sender)  # until SIGTERM
+    channel.send(protocol.Ready(args.name, os.getpid(), infos))
+    _serve(by_queue, scheduler, channel)
 
 
 def _arena_name(args: protocol.WorkerArgs, model: str) -> str:
@@ -267,36 +265,25 @@ def _warm_up(model: LoadedModel, max_length: int, lanes: _TextLanes | None = Non
     return overhead_tokens, weight
 
 
-class _Sender:
-    """The socket to the front end, shared by the lanes."""
-
-    def __init__(self, socket: zmq.Socket) -> None:
-        self._socket = socket
-        self._lock = threading.Lock()
-
-    def send(self, message: protocol.Message) -> None:
-        data = protocol.encode(message)
-        with self._lock:
-            self._socket.send(data)
-
-
-def _serve(by_queue: dict[str, _Queue], scheduler: Scheduler, sender: _Sender,
+def _serve(by_queue: dict[str, _Queue], scheduler: Scheduler, channel: ChannelToFront,
            take: Callable[[], Batch] | None = None) -> None:
-    """One lane: run batches as they are cut (`take`: by the scheduler's `next_batch`), forever."""
+    """One lane: run batches as they are cut (`take`: by the scheduler's `next_batch`)
+    until the front end closes the channel."""
     take = take or scheduler.next_batch
-    while True:
-        _run_queued(take(), by_queue, scheduler, sender)
+    with contextlib.suppress(ChannelClosed):
+        while True:
+            _run_queued(take(), by_queue, scheduler, channel)
 
 
-def _run_queued(batch: Batch, by_queue: dict[str, _Queue], scheduler: Scheduler, sender: _Sender) -> None:
+def _run_queued(batch: Batch, by_queue: dict[str, _Queue], scheduler: Scheduler, channel: ChannelToFront) -> None:
     """Run a batch with its queue's model and arena, on the torch threads the queue's
     passes take where it runs lanes (a lane's pass its share, a wide pass every thread,
     from the wide passes' own thread where the queue has one)."""
     queue = by_queue[batch.model]
     if queue.threads is None:
-        _run(batch, queue.model, queue.arena, scheduler, sender)
+        _run(batch, queue.model, queue.arena, scheduler, channel)
     else:
-        _on_threads(queue.threads[batch.wide], partial(_run, batch, queue.model, queue.arena, scheduler, sender),
+        _on_threads(queue.threads[batch.wide], partial(_run, batch, queue.model, queue.arena, scheduler, channel),
                     queue.wide_runner if batch.wide else None)
 
 
@@ -312,7 +299,8 @@ def _on_threads(threads: int, run: Callable[[], object], runner: Executor | None
         runner.submit(on_its_threads).result()
 
 
-def _run(batch: Batch, model: LoadedModel, arena: Arena, scheduler: Scheduler, sender: _Sender) -> None:
+def _run(batch: Batch, model: LoadedModel, arena: Arena, scheduler: Scheduler, channel: ChannelToFront) -> None:
+    """Run one batch; send what it ran and the answers of the requests it finished, together."""
     log.debug("batch of %d inputs, %d x %d tokens%s", len(batch.items), *batch.input_ids.shape,
               ", wide" if batch.wide else "")
     start = time.monotonic()  # the scheduler's clock
@@ -326,6 +314,7 @@ def _run(batch: Batch, model: LoadedModel, arena: Arena, scheduler: Scheduler, s
     except Exception as exc:
         log.exception("forward pass failed for a batch of %d", len(batch.items))
         finished = scheduler.finish(batch, error=f"inference failed: {exc}")
+        messages: list[protocol.Message] = []
     else:
         if model.head.ragged:
             for item, output in zip(batch.items, vectors):
@@ -334,14 +323,16 @@ def _run(batch: Batch, model: LoadedModel, arena: Arena, scheduler: Scheduler, s
             arena.rows[[item.slot for item in batch.items]] = vectors
         finished = scheduler.finish(batch)
         tokens = sum(item.media_cost for item in batch.items) if batch.features is not None else batch.input_ids.size
-        sender.send(protocol.BatchRan(queue_model(batch.model), len(batch.items), tokens,
-                                      [start - item.arrived for item in batch.items], time.monotonic() - start))
+        messages = [protocol.BatchRan(queue_model(batch.model), len(batch.items), tokens,
+                                      [start - item.arrived for item in batch.items], time.monotonic() - start)]
     for request in finished:
         if request.error is not None:
-            sender.send(protocol.Failed(request.request_id, protocol.ErrorKind.INTERNAL, request.error))
+            messages.append(protocol.Failed(request.request_id, protocol.ErrorKind.INTERNAL, request.error))
         else:
             outputs = _ragged(request.outputs) if request.outputs and not request.cancelled else None
-            sender.send(protocol.Done(request.request_id, request.cancelled, outputs))
+            messages.append(protocol.Done(request.request_id, request.cancelled, outputs))
+    if messages:
+        channel.send(*messages)
 
 
 def _ragged(outputs: dict[int, np.ndarray]) -> protocol.Ragged:
@@ -364,28 +355,31 @@ def _guarded(target: Callable[..., None], *args: object) -> None:
         os._exit(1)
 
 
-def _receive(context: zmq.Context, args: protocol.WorkerArgs, inbox: zmq.Socket, scheduler: Scheduler) -> None:
-    """Receiver thread: queue requests, apply cancellations (acknowledged on its own socket)."""
-    acks = context.socket(zmq.PUSH)
-    acks.setsockopt(zmq.LINGER, 0)
-    acks.connect(args.front_endpoint)
-    while True:
-        message = protocol.decode(inbox.recv())
-        if isinstance(message, protocol.Infer) and message.features is not None:
-            features = np.frombuffer(message.features, dtype=np.float32).reshape(message.feature_shape)
-            ids = np.frombuffer(message.ids, dtype="<i4") if message.ids else None
-            type_ids = None if message.type_ids is None else np.frombuffer(message.type_ids, dtype=np.int8)
-            grid = None if message.feature_grid is None else np.array(message.feature_grid, dtype=np.int64)
-            scheduler.submit_media(message.request_id, media_queue(message.model), features, message.lengths,
-                                   message.slots, ids, type_ids, grid)
-        elif isinstance(message, protocol.Infer):
-            ids = np.frombuffer(message.ids, dtype="<i4")
-            type_ids, attended, read = (None if flags is None else np.frombuffer(flags, dtype=np.int8)
-                                        for flags in (message.type_ids, *_masks(message.masks)))
-            scheduler.submit(message.request_id, message.model, ids, message.lengths, message.slots, type_ids,
-                             attended, read)
-        elif isinstance(message, protocol.Cancel):
-            dropped, finished = scheduler.cancel(message.request_id)
-            log.info("request %d: client gone, %d waiting inputs dropped", message.request_id, dropped)
-            if finished:
-                acks.send(protocol.encode(protocol.Done(message.request_id, cancelled=True)))
+def _receive(channel: ChannelToFront, scheduler: Scheduler) -> None:
+    """Receiver thread: queue requests, apply cancellations (and acknowledge them), until
+    the front end closes the channel."""
+    with contextlib.suppress(ChannelClosed):
+        while True:
+            _take_message(channel.receive(), channel, scheduler)
+
+
+def _take_message(message: protocol.Message, channel: ChannelToFront, scheduler: Scheduler) -> None:
+    """Queue a request's inputs, or apply its cancellation."""
+    if isinstance(message, protocol.Infer) and message.features is not None:
+        features = np.frombuffer(message.features, dtype=np.float32).reshape(message.feature_shape)
+        ids = np.frombuffer(message.ids, dtype="<i4") if message.ids else None
+        type_ids = None if message.type_ids is None else np.frombuffer(message.type_ids, dtype=np.int8)
+        grid = None if message.feature_grid is None else np.array(message.feature_grid, dtype=np.int64)
+        scheduler.submit_media(message.request_id, media_queue(message.model), features, message.lengths,
+                               message.slots, ids, type_ids, grid)
+    elif isinstance(message, protocol.Infer):
+        ids = np.frombuffer(message.ids, dtype="<i4")
+        type_ids, attended, read = (None if flags is None else np.frombuffer(flags, dtype=np.int8)
+                                    for flags in (message.type_ids, *_masks(message.masks)))
+        scheduler.submit(message.request_id, message.model, ids, message.lengths, message.slots, type_ids,
+                         attended, read)
+    elif isinstance(message, protocol.Cancel):
+        dropped, finished = scheduler.cancel(message.request_id)
+        log.info("request %d: client gone, %d waiting inputs dropped", message.request_id, dropped)
+        if finished:
+            channel.send(protocol.Done(message.request_id, cancelled=True))

@@ -1,5 +1,5 @@
 """What every child process does first: die with its parent, leave Ctrl-C to the
-supervisor, take its CPUs, set up logging, and open its two sockets."""
+supervisor, take its CPUs, set up logging, and connect its channel to the front end."""
 
 from __future__ import annotations
 
@@ -10,21 +10,17 @@ import signal
 import sys
 import threading
 
-import zmq
 from tqdm import tqdm
 
 from infinity.shared import protocol
+from infinity.shared.channel import ChannelToFront
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_NAME = 15
-# How long a child that ends of itself (it could not start) waits for its last message,
-# `StartupFailed`, to reach the front end: with no linger ZeroMQ drops what is unsent, and
-# the front end would see only an exit without its reason.
-LAST_MESSAGE_LINGER_MS = 2000
 
 
-def start_child(args: protocol.WorkerArgs) -> tuple[zmq.Context, zmq.Socket, zmq.Socket]:
-    """Prepare this process; return its sockets (`open_sockets`)."""
+def start_child(args: protocol.WorkerArgs) -> ChannelToFront:
+    """Prepare this process; return its channel to the front end."""
     parent = os.getppid()
     try:  # Linux: SIGKILL us when the supervisor dies, even by kill -9
         libc = ctypes.CDLL(None, use_errno=True)
@@ -49,25 +45,10 @@ def start_child(args: protocol.WorkerArgs) -> tuple[zmq.Context, zmq.Socket, zmq
         level=args.log_level.upper(), stream=sys.stderr,
         format=f"%(asctime)s %(levelname)s [{args.name}] %(message)s",
     )
-    return open_sockets(args)
-
-
-def open_sockets(args: protocol.WorkerArgs) -> tuple[zmq.Context, zmq.Socket, zmq.Socket]:
-    """(context, inbox PULL bound at the child's endpoint, PUSH to the front end)."""
-    context = zmq.Context()
-    inbox = context.socket(zmq.PULL)
-    inbox.setsockopt(zmq.LINGER, 0)
-    inbox.setsockopt(zmq.RCVHWM, 0)
-    inbox.bind(args.endpoint)
-    to_front = context.socket(zmq.PUSH)
-    to_front.setsockopt(zmq.LINGER, 0)
-    to_front.setsockopt(zmq.SNDHWM, 0)
-    to_front.connect(args.front_endpoint)
-    return context, inbox, to_front
+    return ChannelToFront(args.channel)
 
 
 def _exit_on_sigterm(signum: int, frame: object) -> None:
     """Leave at once: the front end owns every shared resource (arenas, socket files) and
-    the drain happened before it sent SIGTERM; tearing down ZeroMQ under a thread that is
-    still reading from it would only risk a crash or a hang."""
+    the drain happened before it sent SIGTERM."""
     os._exit(0)

@@ -7,23 +7,22 @@ from __future__ import annotations
 import logging
 import os
 
-import zmq
-
 from infinity.shared import protocol
+from infinity.shared.channel import ChannelClosed, ChannelToFront
 from infinity.shared.media import PROCESSOR_TEXT_KINDS
 from workers.media_towers import media_module
-from workers.process import LAST_MESSAGE_LINGER_MS, start_child
+from workers.process import start_child
 from workers.tokenization import model_tokenizer, reply
 
 log = logging.getLogger(__name__)
 
 
 def main(args: protocol.WorkerArgs) -> None:
-    context, inbox, to_front = start_child(args)
+    channel = start_child(args)
     try:
-        serve(args, inbox, to_front)
+        serve(args, channel)
     finally:
-        context.destroy(linger=LAST_MESSAGE_LINGER_MS)
+        channel.close()
 
 
 def _media_preprocessors(args: protocol.WorkerArgs) -> dict:
@@ -32,23 +31,26 @@ def _media_preprocessors(args: protocol.WorkerArgs) -> dict:
     return {name: module.Preprocessor(spec, args) for name, (spec, module) in modules.items() if module is not None}
 
 
-def serve(args: protocol.WorkerArgs, inbox: zmq.Socket, to_front: zmq.Socket) -> None:
+def serve(args: protocol.WorkerArgs, channel: ChannelToFront) -> None:
     """Load every model's tokenizer, report `Ready` (or `StartupFailed`), then answer
-    `Tokenize` messages until the process ends."""
+    `Tokenize` messages until the front end closes the channel."""
     try:
         tokenizers = {spec.name: model_tokenizer(spec) for spec in args.models if spec.kind not in PROCESSOR_TEXT_KINDS}
         media = _media_preprocessors(args)
     except Exception as exc:
         log.exception("cannot load tokenizers")
-        to_front.send(protocol.encode(protocol.StartupFailed(args.name, f"{type(exc).__name__}: {exc}")))
+        channel.send(protocol.StartupFailed(args.name, f"{type(exc).__name__}: {exc}"))
         return
-    to_front.send(protocol.encode(protocol.Ready(args.name, os.getpid())))
-    while True:
-        request = protocol.decode(inbox.recv())
-        assert isinstance(request, protocol.Tokenize)
-        preprocessor = media.get(request.model)
-        if preprocessor is not None and (request.media is not None or preprocessor.takes_text):
-            prepare = preprocessor.prepare
-        else:
-            prepare = tokenizers[request.model].tokenize
-        to_front.send(protocol.encode(reply(prepare, request)))
+    channel.send(protocol.Ready(args.name, os.getpid()))
+    try:
+        while True:
+            request = channel.receive()
+            assert isinstance(request, protocol.Tokenize)
+            preprocessor = media.get(request.model)
+            if preprocessor is not None and (request.media is not None or preprocessor.takes_text):
+                prepare = preprocessor.prepare
+            else:
+                prepare = tokenizers[request.model].tokenize
+            channel.send(reply(prepare, request))
+    except ChannelClosed:
+        return  # the front end let go of this process: it is stopping, or replacing it

@@ -1,8 +1,8 @@
 """Every message that crosses a process boundary, and how it is framed.
 
-The front end talks to each child over one ZeroMQ PUSH socket and hears from all of them
-on one PULL socket. Bodies are msgpack-encoded msgspec Structs, tagged so one decoder
-reads any of them. Result vectors never travel here: the inference process writes them
+The front end and each child talk over one channel (`infinity.shared.channel`), both
+ways. Bodies are msgpack-encoded msgspec Structs, tagged so one decoder reads any of
+them. Result vectors never travel here: the inference process writes them
 into shared-memory slots the front end chose (see `infinity.shared.shm`), and `Done` only says
 they are there.
 
@@ -94,8 +94,7 @@ class WorkerArgs(msgspec.Struct, frozen=True):
     """Everything a child process is started with."""
 
     name: str  # "tokenizer-0", "inference-cpu", "inference-cuda:1", ...
-    front_endpoint: str  # the front end's PULL socket
-    endpoint: str  # this child's PULL socket
+    channel: str  # the Unix socket path the front end listens on for this child (`infinity.shared.channel`)
     models: list[ModelSpec]
     cpus: list[int] | None  # CPU affinity; None leaves it alone
     threads: int

@@ -3,7 +3,7 @@ result vectors from an inference process to the front end, and the slot pool the
 end allocates them from.
 
 Each server start owns one folder, `/dev/shm/infinity-emb-<pid>-<token>`, holding its
-arenas and its ZeroMQ socket files, and a `lock` file the front end holds locked (flock)
+arenas and its channels' socket files, and a `lock` file the front end holds locked (flock)
 for as long as it runs. The random token keeps two servers apart even when their pids are
 alike (pid 1 in containers that share an IPC namespace); a folder is stale, and removed at
 the next start, only when its lock can be taken, that is when its owner is gone, whatever

@@ -5,8 +5,8 @@ arenas, encoding) in milliseconds, against a fake engine whose outputs a test ca
 `launch_in_threads` stands in for `infinity.supervisor.spawn_process`: it runs a worker's
 `serve` loop (the same code its process runs, minus the process set-up) in daemon
 threads, behind an object with the part of `multiprocessing.Process` the supervisor uses.
-A "killed" thread child stops being heard of (its pipe sentinel fires) but its threads
-stay blocked on their sockets until the interpreter exits.
+A "killed" thread child stops being heard of (its pipe sentinel fires, and the front end
+closes its channel); its threads end when they next read or write the channel.
 """
 
 from __future__ import annotations
@@ -25,12 +25,12 @@ from aiohttp.test_utils import TestClient, TestServer
 from infinity.app import create_app
 from infinity.config import Config, ModelConfig, ServerConfig
 from infinity.models import resolve_replicas
+from infinity.shared.channel import ChannelToFront
 from infinity.shared.protocol import ModelSpec, WorkerArgs
 from infinity.topology import INFERENCE_ENTRY_POINT, TOKENIZER_ENTRY_POINT
 from workers import inference_worker, tokenizer_worker
 from workers.engines.base import RawOutput, pad_id
 from workers.heads import LoadedModel, load_head
-from workers.process import open_sockets
 
 log = logging.getLogger(__name__)
 
@@ -124,12 +124,12 @@ class ThreadLauncher:
 
     def __call__(self, entry_point: str, args: WorkerArgs) -> ThreadProcess:
         def run() -> None:
-            context, inbox, to_front = open_sockets(args)
+            channel = ChannelToFront(args.channel)
             if entry_point == TOKENIZER_ENTRY_POINT:
-                tokenizer_worker.serve(args, inbox, to_front)
+                tokenizer_worker.serve(args, channel)
             else:
                 assert entry_point == INFERENCE_ENTRY_POINT, entry_point
-                inference_worker.serve(args, context, inbox, to_front, load=self._load)
+                inference_worker.serve(args, channel, load=self._load)
 
         process = ThreadProcess(run, args.name)
         self.processes[args.name] = process

@@ -326,30 +326,35 @@ class _Arena:
         self.rows = np.zeros((1000, 1), dtype=np.float32)
 
 
-class _Sender:
+class _Channel:
+    """Records what a lane sends, and how many sends it took."""
+
     def __init__(self) -> None:
         self.sent = []
+        self.sends = 0
 
-    def send(self, message) -> None:
-        self.sent.append(message)
+    def send(self, *messages) -> None:
+        self.sent += messages
+        self.sends += 1
 
 
 def test_a_lane_writes_vectors_then_reports_done_or_the_failure():
     from infinity.shared import protocol
     from workers.inference_worker import _run
 
-    scheduler, arena, sender = _scheduler(max_size=1), _Arena(), _Sender()
+    scheduler, arena, channel = _scheduler(max_size=1), _Arena(), _Channel()
     scheduler.submit(1, "m", np.array([7, 13], dtype=np.int32), [1, 1], [10, 11])
     scheduler.submit(2, "m", np.array([5], dtype=np.int32), [1], [12])
     for _ in range(2):  # 7 is written, then the batch of 13 fails and with it request 1
-        _run(scheduler.next_batch(), _model(_Engine()), arena, scheduler, sender)
-    _run(scheduler.next_batch(), _model(_Engine()), arena, scheduler, sender)
-    answers = [message for message in sender.sent if not isinstance(message, protocol.BatchRan)]
+        _run(scheduler.next_batch(), _model(_Engine()), arena, scheduler, channel)
+    _run(scheduler.next_batch(), _model(_Engine()), arena, scheduler, channel)
+    answers = [message for message in channel.sent if not isinstance(message, protocol.BatchRan)]
     assert answers == [protocol.Failed(1, protocol.ErrorKind.INTERNAL, "inference failed: bad batch"), protocol.Done(2)]
     assert arena.rows[10, 0] == 14 and arena.rows[12, 0] == 10
     # The two batches that ran are reported for the metrics; the one that failed is not.
-    ran = [message for message in sender.sent if isinstance(message, protocol.BatchRan)]
+    ran = [message for message in channel.sent if isinstance(message, protocol.BatchRan)]
     assert [(message.model, message.inputs, message.tokens, len(message.waits)) for message in ran] == [("m", 1, 1, 1)] * 2
+    assert channel.sends == 3  # a batch's report and answers leave in one send
 
 
 class _CostedEngine:

@@ -1,68 +1,61 @@
-"""What the front end sends a child in one turn of its event loop leaves as one ZeroMQ
-message of several frames, which the child reads one message per frame, in order;
-nothing queued for a closed socket reaches the child started after it."""
+"""What the front end sends a child in one turn of its event loop leaves in one write,
+which the child reads as those messages, in order; nothing queued for a closed channel
+reaches the child started after it."""
 
 from __future__ import annotations
 
 import asyncio
 
-import zmq
-
 from infinity.shared import protocol
+from infinity.shared.channel import ChannelToChild, ChannelToFront
 from infinity.supervisor import Child
 
 
-def _child_and_inbox(context: zmq.Context, endpoint: str) -> tuple[Child, zmq.Socket]:
-    inbox = context.socket(zmq.PULL)
-    inbox.bind(endpoint)
-    child = Child(protocol.WorkerArgs("inference-test", "", endpoint, [], None, 1, "", 1, "info"), "unused")
-    child.socket = context.socket(zmq.PUSH)
-    child.socket.connect(endpoint)
-    return child, inbox
+def _child(path: str) -> Child:
+    return Child(protocol.WorkerArgs("inference-test", path, [], None, 1, "", 1, "info"), "unused")
 
 
-def test_one_turns_messages_leave_together_and_are_read_one_by_one():
-    context = zmq.Context()
-    child, inbox = _child_and_inbox(context, "inproc://one-turn")
+def _open(child: Child) -> ChannelToFront:
+    """Give `child` a fresh channel, as its start does, and connect the child's end."""
+    child.channel = ChannelToChild(child.args.channel, lambda message: None)
+    return ChannelToFront(child.args.channel)
 
-    async def turn() -> bool:
+
+def test_one_turns_messages_leave_in_one_write_and_are_read_in_order(tmp_path, monkeypatch):
+    writes = []
+    send = ChannelToChild.send
+    monkeypatch.setattr(ChannelToChild, "send", lambda self, messages: (writes.append(len(messages)),
+                                                                         send(self, messages)))
+    child = _child(str(tmp_path / "child"))
+
+    async def turn() -> list[protocol.Message]:
+        end = _open(child)
         child.send(protocol.Cancel(1))
         child.send(protocol.Cancel(2))
-        sent_at_once = inbox.poll(0) != 0
-        await asyncio.sleep(0)
-        return sent_at_once
+        assert writes == []  # queued until the turn ends
+        received = [await asyncio.to_thread(end.receive) for _ in range(2)]
+        child.close_channel()
+        end.close()
+        return received
 
-    try:
-        assert not asyncio.run(turn())  # queued until the turn ends
-        assert inbox.poll(1000)
-        first = protocol.decode(inbox.recv())
-        assert inbox.getsockopt(zmq.RCVMORE)  # one message of two frames
-        assert [first, protocol.decode(inbox.recv())] == [protocol.Cancel(1), protocol.Cancel(2)]
-        child.send(protocol.Cancel(3))  # no loop running: at once
-        assert protocol.decode(inbox.recv()) == protocol.Cancel(3)
-    finally:
-        child.close_socket()
-        context.destroy(linger=0)
+    assert asyncio.run(turn()) == [protocol.Cancel(1), protocol.Cancel(2)]
+    assert writes == [2]
 
 
-def test_messages_queued_for_a_closed_socket_are_dropped():
-    context = zmq.Context()
-    child, inbox = _child_and_inbox(context, "inproc://closed")
+def test_messages_queued_for_a_closed_channel_are_dropped(tmp_path):
+    child = _child(str(tmp_path / "child"))
 
-    async def send_then_close() -> None:
+    async def send_then_restart() -> protocol.Message:
+        first = _open(child)
         child.send(protocol.Cancel(1))
-        child.close_socket()
-        child.socket = context.socket(zmq.PUSH)  # as a restart's fresh socket
-        child.socket.connect("inproc://closed")
+        child.close_channel()  # the child died before the turn ended
+        second = _open(child)  # its restart's fresh channel
         await asyncio.sleep(0)
         child.send(protocol.Cancel(2))
-        await asyncio.sleep(0)
+        received = await asyncio.to_thread(second.receive)
+        child.close_channel()
+        for end in (first, second):
+            end.close()
+        return received
 
-    try:
-        asyncio.run(send_then_close())
-        assert inbox.poll(1000)
-        assert protocol.decode(inbox.recv()) == protocol.Cancel(2)
-        assert not inbox.poll(50)
-    finally:
-        child.close_socket()
-        context.destroy(linger=0)
+    assert asyncio.run(send_then_restart()) == protocol.Cancel(2)

@@ -82,7 +82,7 @@ def test_a_queue_in_lanes_runs_a_lanes_pass_on_its_share_and_a_wide_pass_on_ever
     scheduler.add_model(queue, 1000, 1, pad_id=0, pass_overhead_tokens=1.0, lanes=2, widens=True)
     for request in (1, 2):
         scheduler.submit_media(request, queue, np.zeros((1, 4), dtype=np.float32), [1], [request])
-    model, sent = _ThreadsSeen(), SimpleNamespace(send=lambda message: None)
+    model, sent = _ThreadsSeen(), SimpleNamespace(send=lambda *messages: None)
     with ThreadPoolExecutor(1, thread_name_prefix="wide-pass") as wide_runner:
         by_queue = {queue: _Queue(model, SimpleNamespace(rows=np.zeros((4, 1), np.float32)), (1, 3), wide_runner)}
         before = torch.get_num_threads()
