@@ -115,7 +115,8 @@ class ModelTokenizer:
             truncated = self._count_truncated(encodings, [c or query_cut[0] for c in cut])
         elif request.texts is not None:
             texts, cut = self._readable(request.texts)
-            encodings = self._tokenizer.encode_batch(texts)
+            # `_fast`: without character offsets, which nothing here reads (15-20% less time).
+            encodings = self._tokenizer.encode_batch_fast(texts)
             sequences = [e.ids for e in encodings]
             truncated = self._count_truncated(encodings, cut)
         else:
@@ -163,9 +164,9 @@ class ModelTokenizer:
     def _encode_pairs(self, query: str, documents: list[str]) -> list[Encoding]:
         pairs = [(query, document) for document in documents]
         try:
-            return self._pair_tokenizer.encode_batch(pairs)
+            return self._pair_tokenizer.encode_batch_fast(pairs)
         except Exception:  # the query alone does not fit: cut both sides
-            return self._tokenizer.encode_batch(pairs)
+            return self._tokenizer.encode_batch_fast(pairs)
 
     def _count_truncated(self, encodings: list[Encoding], cut: list[bool]) -> int:
         """Inputs cut to max_length (or to what was read of them); with truncation off, an
