@@ -56,6 +56,11 @@ def sample(pgid: int | None = None) -> CpuSample:
     return CpuSample(total, idle, ours)
 
 
+def own_ticks() -> int:
+    """Ticks this process has used (every thread)."""
+    return _process_ticks(_PROC / "self" / "stat", None)
+
+
 def ticks_by_name(pgid: int) -> dict[str, int]:
     """Ticks of each process of group ``pgid``, summed by command name (our children name
     themselves: ``tokenizer-0``, ``inference-cpu``)."""
@@ -70,6 +75,15 @@ def ticks_by_name(pgid: int) -> dict[str, int]:
             if used:
                 ticks[name] = ticks.get(name, 0) + used
     return ticks
+
+
+def microseconds_per_request(before: dict[str, int], after: dict[str, int], requests: int) -> dict[str, float]:
+    """CPU microseconds each name used per request between two `ticks_by_name`."""
+    if requests <= 0:
+        return {}
+    tick_us = 1e6 / os.sysconf("SC_CLK_TCK")
+    return {name: round((after[name] - before.get(name, 0)) * tick_us / requests)
+            for name in sorted(after)}
 
 
 def shares_by_name(before: dict[str, int], after: dict[str, int]) -> dict[str, float]:

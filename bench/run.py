@@ -28,7 +28,9 @@ see ``bench/setup_infinity.sh``), or any command given with ``--cmd``
 (``{port}`` and ``{model_dir}`` are substituted).
 
 The load generator runs inside this process and shares the machine's cores
-with the server, as a real client on the same host would.
+with the server, as a real client on the same host would. Each load also prints
+the CPU time per request of every server process (by name: the front end is
+``python``) and of the load generator, over the measured seconds.
 
 Usage:
     .venv/bin/python -m bench.run --target infinity-torch --target infinity-ct2
@@ -50,6 +52,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -70,6 +73,7 @@ REPO = Path(__file__).resolve().parent.parent
 OUT_DIR = REPO / "bench" / "out"
 INFINITY_EMB = REPO / "bench" / ".venv-infinity" / "bin" / "infinity_emb"
 DEFAULT_LOADS = "1x1,1x16,1x64,32x8"
+LOAD_GENERATOR = "load generator"  # its CPU, beside the server's processes
 
 # The peer is started the way a user would serve this model on CPU, with the
 # routes under /v1 like ours, bound to loopback, and without per-request access
@@ -122,12 +126,15 @@ class LoadShape:
 
 @dataclass(frozen=True)
 class Measured:
-    """One load's result, and the share of the machine's CPU that other processes used
-    just before it (``others_before``) and while it ran (``others_during``)."""
+    """One load's result, the share of the machine's CPU that other processes used just
+    before it (``others_before``) and while it ran (``others_during``), and the CPU each
+    of the server's processes (by name) and the load generator used per request over the
+    measured seconds."""
 
     load: LoadResult
     others_before: float
     others_during: float
+    cpu_us_per_request: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -385,8 +392,19 @@ def _load_noise(measured: Measured) -> float:
 def _load_once(args: argparse.Namespace, config: LoadConfig, pgid: int) -> Measured:
     others_before = wait_quiet(args, pgid)
     before = cpu.sample(pgid)
+    window: list[dict[str, int]] = []  # CPU ticks by process at the measured seconds' start and end
+
+    def sample_ticks() -> None:
+        window.append({**cpu.ticks_by_name(pgid), LOAD_GENERATOR: cpu.own_ticks()})
+
+    timers = [threading.Timer(at, sample_ticks) for at in (config.warmup, config.warmup + config.duration)]
+    for timer in timers:
+        timer.start()
     result = asyncio.run(run_load(config))
-    return Measured(result, others_before, cpu.other_share(before, cpu.sample(pgid)))
+    for timer in timers:
+        timer.join()
+    per_request = cpu.microseconds_per_request(*window, result.requests) if len(window) == 2 else {}
+    return Measured(result, others_before, cpu.other_share(before, cpu.sample(pgid)), per_request)
 
 
 def bench_target(
@@ -439,6 +457,9 @@ def bench_target(
                     f"errors {result.errors}  others' CPU {measured.others_during:.0%}",
                     flush=True,
                 )
+                if measured.cpu_us_per_request:
+                    print("    CPU per request: " + ", ".join(
+                        f"{name} {us:.0f} us" for name, us in measured.cpu_us_per_request.items()), flush=True)
                 if result.first_error:
                     print(f"    first error: {result.first_error}", flush=True)
         except (RuntimeError, OSError, ValueError) as exc:
