@@ -267,9 +267,8 @@ class ServerProcess:
         except FileNotFoundError:
             return ""
 
-    def run_dir(self) -> Path | None:
-        """The folder of the server's channel sockets (found through the unix sockets
-        its front end has open), or None."""
+    def unix_sockets(self) -> list[str]:
+        """The path of each Unix socket the front end has open ("" for one without)."""
         inodes = set()
         for fd in Path(f"/proc/{self.pid}/fd").glob("*"):
             try:
@@ -278,11 +277,14 @@ class ServerProcess:
                 continue
             if target.startswith("socket:["):
                 inodes.add(target[8:-1])
-        for line in Path("/proc/net/unix").read_text().splitlines()[1:]:
-            fields = line.split()
-            if len(fields) >= 8 and fields[6] in inodes and fields[7].startswith("/"):
-                return Path(fields[7]).parent
-        return None
+        return [fields[7] if len(fields) >= 8 else ""
+                for fields in (line.split() for line in Path("/proc/net/unix").read_text().splitlines()[1:])
+                if fields[6] in inodes]
+
+    def run_dir(self) -> Path | None:
+        """The folder of the server's channel sockets (found through the unix sockets
+        its front end has open), or None."""
+        return next((Path(path).parent for path in self.unix_sockets() if path.startswith("/")), None)
 
     def worker_pids(self) -> dict[str, list[int]]:
         """Child name -> pids from its 'ready' log lines, in order (restarts append)."""

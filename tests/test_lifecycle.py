@@ -205,7 +205,9 @@ def _kill_child_under_load(server, child: str, make_inputs, count: int, kill_aft
     return victim, [(response, end - killed_at[0]) for response, end in results]
 
 
-def _check_recovery(server, child: str, victim: int, log_mark: int, sentences, reference_vectors) -> None:
+def _check_recovery(server, child: str, victim: int, log_mark: int, sentences, reference_vectors,
+                    channels: list[str]) -> None:
+    """`channels`: the front end's Unix sockets before the kill; the restart leaves as many."""
     # Right after the crash the server says it is not ready (the restart takes seconds).
     health = requests.get(server.url("/health"), timeout=10)
     assert_error(health, 503)
@@ -221,6 +223,8 @@ def _check_recovery(server, child: str, victim: int, log_mark: int, sentences, r
     assert response.status_code == 200, response.text
     for i, item in enumerate(response.json()["data"]):
         assert_close(decode_embedding(item["embedding"]), reference_vectors[i], f"input {i} after restart")
+    # The dead child's channel was closed: as many channel sockets as before.
+    assert len(server.unix_sockets()) == len(channels), (channels, server.unix_sockets())
     # One arena per model, the restarted child's; the dead one's was removed.
     assert len(shm_arenas(server.pid)) == 1, shm_arenas(server.pid)
     # The restart shows in the metrics.
@@ -273,9 +277,10 @@ def test_kill_inference_child(crash_server, sentences, reference_vectors):
     def inputs(i: int) -> list[str]:  # 128 inputs near max_length: seconds of compute each
         return [long_texts[(i * 128 + j) % len(long_texts)] for j in range(128)]
 
+    channels = server.unix_sockets()
     victim, results = _kill_child_under_load(server, "inference-cpu", inputs, count=4, kill_after_s=1.5)
     _assert_failed_quickly(results)
-    _check_recovery(server, "inference-cpu", victim, mark, sentences, reference_vectors)
+    _check_recovery(server, "inference-cpu", victim, mark, sentences, reference_vectors, channels)
 
 
 def test_kill_tokenizer_child(crash_server, sentences, reference_vectors):
@@ -289,10 +294,11 @@ def test_kill_tokenizer_child(crash_server, sentences, reference_vectors):
     def inputs(i: int) -> list[str]:
         return [f"{i} {sentences[i]}", sentences[i + 1]]
 
+    channels = server.unix_sockets()
     victim, results = _kill_child_under_load(server, "tokenizer-0", inputs, count=3, kill_after_s=1.0,
                                              freeze=True)
     _assert_failed_quickly(results)
-    _check_recovery(server, "tokenizer-0", victim, mark, sentences, reference_vectors)
+    _check_recovery(server, "tokenizer-0", victim, mark, sentences, reference_vectors, channels)
 
 
 def test_crashed_children_leave_nothing_after_stop(crash_server):
