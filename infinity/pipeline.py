@@ -45,6 +45,11 @@ _STOP_TIMEOUT_S = 10.0
 # front end: that costs it about what sending it to a tokenizer process and reading the
 # answer back does, and saves the request two process hops.
 INLINE_MAX_CHARS = 256
+# A request that finds nothing else in flight is tokenized in the front end if its texts
+# hold up to this many characters in all (at most ~1 ms of tokenizing): the event loop
+# has nothing else to do meanwhile, and the two hops to a tokenizer process and back cost
+# a lone request more than that (bench/RESULTS.md, "The lone request's hand-offs").
+INLINE_IDLE_MAX_CHARS = 4096
 
 
 class StartupError(RuntimeError):
@@ -181,7 +186,7 @@ class Pipeline:
             raise ServingError(protocol.ErrorKind.SHUTTING_DOWN, "the server is shutting down")
         if not model.ready:
             raise ServingError(protocol.ErrorKind.MODEL_NOT_READY, f"model '{model.spec.name}' is not ready yet; retry shortly")
-        inline = self._inline.get(model.spec.name) if _small(inputs) else None
+        inline = self._inline.get(model.spec.name) if _tokenized_here(inputs, idle=not self._pending) else None
         tokenizer = None if inline is not None else self._pick_tokenizer()
         slots = model.pool.take(len(inputs))
         if slots is None:
@@ -380,10 +385,16 @@ class Pipeline:
             child.reap(_STOP_TIMEOUT_S)
 
 
-def _small(inputs: ModelInputs) -> bool:
-    """One input, cheap to tokenize: a text of at most `INLINE_MAX_CHARS`, or token ids."""
-    return len(inputs) == 1 and inputs.query is None and inputs.media is None and (
-        inputs.texts is None or len(inputs.texts[0]) <= INLINE_MAX_CHARS)
+def _tokenized_here(inputs: ModelInputs, idle: bool) -> bool:
+    """Whether the front end tokenizes `inputs` itself: one token-id sequence, one text of
+    at most `INLINE_MAX_CHARS`, or, with nothing else in flight (`idle`), texts of at most
+    `INLINE_IDLE_MAX_CHARS` in all; never pairs or media."""
+    if inputs.query is not None or inputs.media is not None:
+        return False
+    if inputs.texts is None:
+        return len(inputs) == 1
+    chars = sum(len(text) for text in inputs.texts)
+    return (len(inputs) == 1 and chars <= INLINE_MAX_CHARS) or (idle and chars <= INLINE_IDLE_MAX_CHARS)
 
 
 def _within(texts: list[str] | None, limit: int) -> list[str] | None:

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import requests
 
+from infinity.pipeline import INLINE_IDLE_MAX_CHARS
 from tests.conftest import (MODEL_NAME, SHM_DIR, assert_close, assert_error, decode_embedding, pid_alive,
                             shm_arenas, shm_segments, start_server_process, wait_until)
 
@@ -248,13 +249,16 @@ def _assert_failed_quickly(results) -> None:
 
 def test_small_requests_are_tokenized_in_the_front_end(crash_server, sentences, reference_vectors):
     """With the only tokenizer process stopped (SIGSTOP), a one-text request of a few words
-    is still answered: the front end tokenizes it. Two texts wait for the tokenizer."""
+    is still answered: the front end tokenizes it. Texts beyond what the front end
+    tokenizes even when idle (all the sentences: over 100,000 characters) wait for the
+    tokenizer."""
     server = crash_server
     tokenizer = server.worker_pids()["tokenizer-0"][-1]
+    assert sum(map(len, sentences)) > INLINE_IDLE_MAX_CHARS
     with ThreadPoolExecutor(1) as pool:
         os.kill(tokenizer, signal.SIGSTOP)
         try:
-            waiting = pool.submit(server.embed, sentences[:2])
+            waiting = pool.submit(server.embed, sentences)
             small = server.embed(sentences[3], timeout=20)
             assert small.status_code == 200, small.text
             assert_close(decode_embedding(small.json()["data"][0]["embedding"]), reference_vectors[3], "small")
@@ -288,11 +292,11 @@ def test_kill_tokenizer_child(crash_server, sentences, reference_vectors):
     assert len(server.worker_pids()) >= 2
     mark = len(server.log_text())
     # Tokenizing is quick (a long input is read only up to what the model uses), so the
-    # tokenizer is stopped first: the requests wait in it, then it is killed. Two texts per
-    # request: a request of one short text is tokenized in the front end.
+    # tokenizer is stopped first: the requests wait in it, then it is killed. Each request
+    # holds more text than the front end tokenizes itself, even with nothing in flight.
 
     def inputs(i: int) -> list[str]:
-        return [f"{i} {sentences[i]}", sentences[i + 1]]
+        return [f"{i} {sentences[i]}", "word " * INLINE_IDLE_MAX_CHARS]
 
     channels = server.unix_sockets()
     victim, results = _kill_child_under_load(server, "tokenizer-0", inputs, count=3, kill_after_s=1.0,

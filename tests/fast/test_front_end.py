@@ -75,6 +75,41 @@ def test_a_lone_short_text_tokenized_in_the_front_end_and_token_ids_give_the_sam
     _run(test)
 
 
+def test_texts_of_a_request_that_finds_nothing_in_flight_are_tokenized_in_the_front_end(model_tokenizer,
+                                                                                          monkeypatch):
+    from infinity.shared import protocol
+    from infinity.supervisor import Child
+
+    to_tokenizers: list[protocol.Tokenize] = []
+    send = Child.send
+
+    def recording_send(child: Child, message: protocol.Message) -> None:
+        if isinstance(message, protocol.Tokenize):
+            to_tokenizers.append(message)
+        send(child, message)
+
+    monkeypatch.setattr(Child, "send", recording_send)
+    long_texts = [TEXTS[1] * 8, TEXTS[0] * 10]  # 1,000 characters or so in all: over one short text
+
+    async def test():
+        launcher = ThreadLauncher()
+        async with serving(launcher) as client:
+            idle = await (await client.post("/v1/embeddings", json={"input": long_texts})).json()
+            assert to_tokenizers == []  # nothing else in flight: tokenized here
+            held = await _held_request(client, launcher, TEXTS[:1])
+            busy = asyncio.ensure_future(client.post("/v1/embeddings", json={"input": long_texts}))
+            await asyncio.sleep(0.2)
+            assert [message.texts for message in to_tokenizers] == [long_texts]  # one in flight: sent on
+            launcher.gate.set()
+            await held
+            busy_answer = await (await busy).json()
+        for answer in (idle, busy_answer):
+            got = np.array([item["embedding"] for item in answer["data"]], dtype=np.float32)
+            np.testing.assert_allclose(got, _expected(model_tokenizer, long_texts), atol=1e-6)
+
+    _run(test)
+
+
 def test_a_request_that_does_not_fit_the_queue_is_refused_at_once_and_slots_come_back():
     launcher = ThreadLauncher()
 
