@@ -33,6 +33,11 @@ class ChannelClosed(ConnectionError):
     """The other end closed the channel (its process stopped, or the front end let go)."""
 
 
+def _unlink(path: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+
+
 def _framed(messages: tuple[protocol.Message, ...] | list[protocol.Message]) -> bytes:
     parts = []
     for message in messages:
@@ -84,8 +89,7 @@ class ChannelToChild:
         self._frames = _Frames()
         self._unsent = bytearray()  # waits for the child to connect, or for room in the socket
         self._connection: socket.socket | None = None
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)  # a previous start's
+        _unlink(path)  # a previous start's
         self._listener: socket.socket | None = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._listener.bind(path)
         self._listener.listen(1)
@@ -115,8 +119,7 @@ class ChannelToChild:
             self._loop.remove_reader(self._listener)
             self._listener.close()
             self._listener = None
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self._path)
+            _unlink(self._path)
         self._drop_connection()
 
     def _accept(self) -> None:
@@ -129,7 +132,7 @@ class ChannelToChild:
         self._loop.remove_reader(self._listener)
         self._listener.close()
         self._listener = None
-        os.unlink(self._path)
+        _unlink(self._path)
         connection.setblocking(False)
         self._connection = connection
         self._loop.add_reader(connection, self._read)
