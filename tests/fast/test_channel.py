@@ -103,3 +103,20 @@ def test_the_front_end_stops_reading_a_child_that_went_away(tmp_path):
 
     asyncio.run(child_goes_away())
     assert received == [protocol.Done(1)]
+
+
+def test_a_childs_threads_end_quietly_once_the_front_end_closes_its_channel(tmp_path):
+    from workers.batching import Scheduler
+    from workers.inference_worker import _receive
+
+    path = str(tmp_path / "child")
+
+    async def close_then_receive() -> None:
+        front = ChannelToChild(path, lambda message: None)
+        end = ChannelToFront(path)
+        await asyncio.sleep(0.05)
+        front.close()
+        await asyncio.wait_for(asyncio.to_thread(_receive, end, Scheduler()), 5)  # returns, raises nothing
+        end.close()
+
+    asyncio.run(close_then_receive())
