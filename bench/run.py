@@ -400,9 +400,12 @@ def _load_once(args: argparse.Namespace, config: LoadConfig, pgid: int) -> Measu
     timers = [threading.Timer(at, sample_ticks) for at in (config.warmup, config.warmup + config.duration)]
     for timer in timers:
         timer.start()
-    result = asyncio.run(run_load(config))
-    for timer in timers:
-        timer.join()
+    try:
+        result = asyncio.run(run_load(config))
+    finally:
+        for timer in timers:
+            timer.cancel()  # a load cut short samples no more
+            timer.join()
     per_request = cpu.microseconds_per_request(*window, result.requests) if len(window) == 2 else {}
     return Measured(result, others_before, cpu.other_share(before, cpu.sample(pgid)), per_request)
 
