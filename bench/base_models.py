@@ -14,7 +14,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from infinity.models import packaged_model_folder
+from infinity.folders.resolve import packaged_model_folder
 
 MODELS_DIR = Path(__file__).resolve().parent / "out" / "models"
 SHAPES = {

@@ -1,6 +1,6 @@
 """In-process throughput ceiling: sentence-transformers on CPU, no server in the way.
 
-Two numbers, on the same corpus the load generator sends (``infinity.shared.corpus``):
+Two numbers, on the same corpus the load generator sends (``workers.inference.corpus``):
 
 * batch path: ``SentenceTransformer.encode(chunk, batch_size=32,
   normalize_embeddings=True)`` over consecutive corpus chunks of ``--chunk``
@@ -27,8 +27,8 @@ from pathlib import Path
 
 import numpy as np
 
-from infinity.shared.corpus import sentences
-from infinity.models import packaged_model_folder as model_dir
+from workers.inference.corpus import sentences
+from infinity.folders.resolve import packaged_model_folder as model_dir
 
 BATCH_SIZE = 32
 

@@ -26,10 +26,10 @@ from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 import numpy as np
 from tokenizers import Tokenizer
 
-from infinity.shared.corpus import sentences
+from workers.inference.corpus import sentences
 from bench.replay import pad_batch
 from infinity.config import ModelConfig
-from infinity.models import resolve_model
+from infinity.folders.resolve import resolve_model
 from workers.engines import set_torch_threads
 from workers.heads import LoadedModel, load_model
 

@@ -19,11 +19,11 @@ from functools import partial
 import numpy as np
 
 from infinity.config import ModelConfig
-from infinity.models import resolve_model
-from infinity.shared.corpus import sentences
+from infinity.folders.resolve import resolve_model
+from workers.inference.corpus import sentences
 from workers.heads import LoadedModel, load_model
-from workers.precision import _forward, _Inputs, _lone_ms, _padded, _per_second, _row_cosines, _size_torch_threads
-from workers.tokenization import load_tokenizer
+from workers.inference.precision import _forward, _Inputs, _lone_ms, _padded, _per_second, _row_cosines, _size_torch_threads
+from workers.preprocess.text import load_tokenizer
 
 REFERENCE = "torch:float32"
 DEFAULT_PRECISIONS = ("ctranslate2:float32", "ctranslate2:int8", "onnx:int8", "torch:bfloat16")
@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     batches = [_padded([e.ids for e in encodings[i:i + BATCH]], reference.engine.pad_id)
                for i in range(0, len(encodings), BATCH)]
     lone = _padded([encodings[len(encodings) // 4].ids], reference.engine.pad_id)
-    # Timed as the bfloat16 trial times its inputs (workers/precision.py).
+    # Timed as the bfloat16 trial times its inputs (workers/inference/precision.py).
     timed = _Inputs("texts", [partial(_forward, batch=batch) for batch in batches], [len(b[0]) for b in batches],
                     partial(_forward, batch=lone, lone=True))
     _size_torch_threads(reference, args.threads)

@@ -43,9 +43,9 @@ def tokenizer_costs(mib: int) -> dict[str, float]:
     """Seconds one `mib` MiB text of each shape costs the default model's tokenizer."""
     sys.path.insert(0, str(REPO))
     from infinity.config import ModelConfig
-    from infinity.models import resolve_model
+    from infinity.folders.resolve import resolve_model
     from infinity.shared import protocol
-    from workers.tokenization import ModelTokenizer
+    from workers.preprocess.text import ModelTokenizer
 
     tokenizer = ModelTokenizer(resolve_model(ModelConfig(name="m")))
     costs = {}

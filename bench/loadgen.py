@@ -2,7 +2,7 @@
 
 ``--concurrency`` workers each send requests back to back over keep-alive
 connections. Every request carries ``--batch`` texts taken in turn from the
-deterministic corpus (``infinity.shared.corpus``), so no text repeats until the corpus is
+deterministic corpus (``workers.inference.corpus``), so no text repeats until the corpus is
 used up and a server-side cache cannot inflate the numbers.
 
 The run is bounded in time: ``--warmup`` seconds whose requests are discarded,
@@ -36,7 +36,7 @@ from urllib.parse import urlsplit
 import aiohttp
 import numpy as np
 
-from infinity.shared.corpus import sentences
+from workers.inference.corpus import sentences
 
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
 DEFAULT_MODEL = "all-MiniLM-L6-v2"

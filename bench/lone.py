@@ -31,8 +31,8 @@ from urllib.parse import urlsplit
 from bench.engines import lone_pass, load_engine
 from bench.loadgen import DEFAULT_MODEL, check_response
 from bench.run import OUT_DIR, ConfiguredServer, add_quiet_cpu_args, wait_quiet
-from infinity.models import packaged_model_folder
-from infinity.shared.corpus import sentences
+from infinity.folders.resolve import packaged_model_folder
+from workers.inference.corpus import sentences
 
 WARM_UP_TEXTS = 30
 PAUSE_S = 0.03

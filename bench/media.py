@@ -41,7 +41,7 @@ from pathlib import Path
 import numpy as np
 
 from bench import cpu
-from infinity.shared.corpus import sentences
+from workers.inference.corpus import sentences
 from bench.loadgen import closed_loop
 from bench.run import (_INFINITY_ENV, ConfiguredServer, INFINITY_EMB, OUT_DIR, REPO, add_measurement_args, free_port,
                        least_disturbed, measure_child, parse_pairs, start_run, stop_server, wait_healthy, wait_quiet)
@@ -92,7 +92,7 @@ def wordpiece_tokenizer(model_max_length: int):  # noqa: ANN201 (transformers st
     from tokenizers import Tokenizer
     from transformers import PreTrainedTokenizerFast
 
-    from infinity.models import packaged_model_folder
+    from infinity.folders.resolve import packaged_model_folder
 
     wordpiece = Tokenizer.from_file(str(packaged_model_folder() / "tokenizer.json"))
     wordpiece.no_padding()  # the packaged file pads every text to 128

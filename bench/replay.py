@@ -13,10 +13,10 @@ import time
 import numpy as np
 from tokenizers import Tokenizer
 
-from infinity.shared.corpus import sentences
+from workers.inference.corpus import sentences
 from infinity.config import ModelConfig
-from infinity.models import resolve_model
-from workers.batching import split_by_cost
+from infinity.folders.resolve import resolve_model
+from workers.inference.scheduler import split_by_cost
 from workers.heads import load_model
 
 

@@ -8,7 +8,7 @@ its BERT fast tokenizer (which hands out ``token_type_ids`` for pairs), in
 ``~/.cache/infinity-bench/minilm-cross-encoder``. Its scores mean nothing; its cost is
 that of the real model.
 
-Workload (``infinity.shared.corpus``): queries are corpus sentences of 3 to 10 words
+Workload (``workers.inference.corpus``): queries are corpus sentences of 3 to 10 words
 (``sentences(4000, seed=1)``), documents are consecutive corpus passages
 (``sentences(20000, seed=0)``, 3 to 200 words). Request k pairs query k with the next
 ``docs`` passages, so no pair repeats.
@@ -53,7 +53,7 @@ from pathlib import Path
 import numpy as np
 
 from bench import cpu
-from infinity.shared.corpus import sentences
+from workers.inference.corpus import sentences
 from bench.loadgen import closed_loop
 from bench.run import (ConfiguredServer, OUT_DIR, REPO, add_measurement_args, child_answer, fmt_number,
                        least_disturbed, measure_child, parse_pairs, start_run, wait_quiet)
@@ -127,7 +127,7 @@ def build_model(folder: Path = MODEL_DIR) -> Path:
     import torch
     from transformers import AutoTokenizer, BertForSequenceClassification
 
-    from infinity.models import packaged_model_folder
+    from infinity.folders.resolve import packaged_model_folder
 
     source = packaged_model_folder()
     torch.manual_seed(SEED)

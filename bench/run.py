@@ -65,7 +65,7 @@ from typing import TypeVar
 
 from bench import cpu
 from bench.loadgen import DEFAULT_MODEL, LoadConfig, LoadResult, check_response, run_load
-from infinity.models import packaged_model_folder as model_dir
+from infinity.folders.resolve import packaged_model_folder as model_dir
 
 T = TypeVar("T")
 

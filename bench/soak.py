@@ -67,7 +67,7 @@ from typing import Any
 import aiohttp
 import numpy as np
 
-from infinity.shared.corpus import sentences
+from workers.inference.corpus import sentences
 from tests.conftest import (DIM, MODEL_NAME, ServerProcess, decode_embedding, descendant_pids, pid_alive,
                             reference_embed, shm_segments, start_server_process, start_time, wait_until)
 from tests.tiny_models import (CLASSIFIER_LABELS, CLASSIFIER_NAME, RERANKER_NAME, SCORING_MAX_LENGTH,
@@ -608,7 +608,7 @@ def compare_with_reference(samples: list[tuple[list[str], np.ndarray]]) -> Refer
         return ReferenceCheck(0, 0, None, [])
     from sentence_transformers import SentenceTransformer
 
-    from infinity.models import packaged_model_folder
+    from infinity.folders.resolve import packaged_model_folder
 
     model = SentenceTransformer(str(packaged_model_folder()), device="cpu")
     texts = [text for batch, _ in samples for text in batch]

@@ -11,7 +11,7 @@ vocabulary nonzero; the MLM output bias is lowered so that a median corpus text 
 about ``TARGET_NONZERO`` entries, as trained SPLADE documents do, since the answer's size
 is part of what a server pays. Its weights mean nothing; its cost is the real model's.
 
-Workload (``infinity.shared.corpus``): request k holds the next ``batch`` corpus texts
+Workload (``workers.inference.corpus``): request k holds the next ``batch`` corpus texts
 (``sentences(20000, seed=0)``, 3 to 200 words), so no text repeats.
 
 One run, on this machine:
@@ -52,7 +52,7 @@ from pathlib import Path
 import numpy as np
 
 from bench import cpu
-from infinity.shared.corpus import sentences
+from workers.inference.corpus import sentences
 from bench.loadgen import closed_loop
 from bench.run import (ConfiguredServer, OUT_DIR, REPO, add_measurement_args, child_answer, fmt_number,
                        least_disturbed, measure_child, parse_pairs, start_run, wait_quiet)
@@ -107,7 +107,7 @@ def build_model(layers: int) -> Path:
     from sentence_transformers.sparse_encoder.modules import SpladePooling, Transformer
     from transformers import AutoTokenizer, BertConfig, BertForMaskedLM
 
-    from infinity.models import packaged_model_folder
+    from infinity.folders.resolve import packaged_model_folder
 
     staging = folder.with_name(f"{folder.name}.tmp-{os.getpid()}")
     masked_lm = staging / "masked-lm"

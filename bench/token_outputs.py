@@ -10,7 +10,7 @@ hidden 384: the size of small ColBERT and SPLADE models) with random heads:
   384 -> 128 without bias, a punctuation skiplist, normalised), with ColBERT's settings:
   [Q] / [D] prompts, queries expanded to 32 tokens, documents cut at 180 tokens.
 
-Workload: consecutive passages of ``infinity.shared.corpus`` (3 to 200 words), encoded as
+Workload: consecutive passages of ``workers.inference.corpus`` (3 to 200 words), encoded as
 documents. The ceiling child runs ``encode_document(passages, batch_size=32)`` over
 ``--ceiling-chunk`` passages per call for ``--ceiling-duration`` s (2 torch threads);
 the server (``python -m infinity serve`` with the model, auto engine) gets closed-loop
@@ -39,7 +39,7 @@ from pathlib import Path
 import numpy as np
 
 from bench import cpu
-from infinity.shared.corpus import sentences
+from workers.inference.corpus import sentences
 from bench.loadgen import closed_loop
 from bench.run import (ConfiguredServer, OUT_DIR, add_measurement_args, least_disturbed, measure_child, parse_pairs,
                        start_run, wait_quiet)
@@ -67,7 +67,7 @@ def _build_multivector(folder: Path) -> None:
     from sentence_transformers import MultiVectorEncoder
     from sentence_transformers.multi_vector_encoder.modules import MultiVectorMask
 
-    from infinity.models import packaged_model_folder
+    from infinity.folders.resolve import packaged_model_folder
 
     torch.manual_seed(0)
     encoder = MultiVectorEncoder(str(packaged_model_folder()), prompts={"query": "[Q] ", "document": "[D] "})

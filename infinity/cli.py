@@ -14,7 +14,7 @@ import sys
 from aiohttp import web
 
 from infinity.config import Config, ConfigError, ServerConfig, load_config
-from infinity.connections import ConnectionGuard, ConnectionLimits, GuardedSite
+from infinity.api.connections import ConnectionGuard, ConnectionLimits, GuardedSite
 from infinity.shared.protocol import ModelSpec
 
 _SERVER_FLAGS = {
@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> None:
                              model_name=args.served_name)
         logging.basicConfig(level=config.server.log_level.upper(),
                             format="%(asctime)s %(levelname)s [front] %(message)s")
-        from infinity.models import resolve_replicas
+        from infinity.folders.resolve import resolve_replicas
 
         from infinity.shared.devices import cpu_computes_bfloat16
 
@@ -132,7 +132,7 @@ def _replicas(args: argparse.Namespace) -> int:
 def _serve(config: Config, specs: list[ModelSpec]) -> int:
     import uvloop
 
-    from infinity.app import EXIT_CODE, create_app
+    from infinity.api.app import EXIT_CODE, create_app
     from infinity.shared import shm
 
     stale = shm.remove_stale()
@@ -150,7 +150,7 @@ def _serve(config: Config, specs: list[ModelSpec]) -> int:
 async def _run(app: web.Application, server: ServerConfig) -> None:
     """Serve `app` until SIGINT or SIGTERM, then drain: answer 503 to /health and to new
     requests while those held finish (within `shutdown_timeout`), and stop."""
-    from infinity.routes.common import PIPELINE
+    from infinity.api.routes.common import ENGINE_CLIENT
 
     limits = ConnectionLimits(server.header_timeout, server.body_timeout, server.keepalive_timeout,
                               _connection_cap(server.max_connections))
@@ -165,7 +165,7 @@ async def _run(app: web.Application, server: ServerConfig) -> None:
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(signum, stop.set)
         await stop.wait()
-        await app[PIPELINE].drain(server.shutdown_timeout)
+        await app[ENGINE_CLIENT].drain(server.shutdown_timeout)
     finally:
         await runner.cleanup()
 

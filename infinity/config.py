@@ -15,13 +15,14 @@ from typing import Any, Literal
 
 import msgspec
 
-from infinity.quantize import EmbeddingType
 from infinity.shared.devices import normalise as normalise_device
 
 DEFAULT_MODEL_SOURCE = "default"
 DEFAULT_MODEL_NAME = "all-MiniLM-L6-v2"
 
 Pooling = Literal["mean", "cls", "lasttoken"]
+# What an embedding is answered as (infinity/api/quantize.py).
+EmbeddingType = Literal["float", "int8", "uint8", "binary", "ubinary"]
 ModelKind = Literal["auto", "embed", "rerank", "classify", "multivector", "sparse", "image_text", "audio_text",
                     "image_multivector"]
 
@@ -95,7 +96,7 @@ class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     max_items_per_request: int = 2048
     max_request_bytes: int = 16 * 1024 * 1024
     # Seconds a client may take to send a request's headers, and its whole body; an idle
-    # keep-alive connection is closed after keepalive_timeout (see infinity/connections.py).
+    # keep-alive connection is closed after keepalive_timeout (see infinity/api/connections.py).
     header_timeout: float = 10.0
     body_timeout: float = 30.0
     keepalive_timeout: float = 75.0
@@ -105,12 +106,12 @@ class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     # /health and new requests are answered 503.
     shutdown_timeout: float = 30.0
     log_level: Literal["debug", "info", "warning", "error"] = "info"
-    # Output type of embeddings when a request names none (see infinity/quantize.py).
+    # Output type of embeddings when a request names none (see infinity/api/quantize.py).
     embedding_type: EmbeddingType = "float"
     # On CPUs that compute bfloat16 natively, `dtype = "auto"` lets a model whose outputs
-    # are vectors (infinity.models.BFLOAT16_TRIAL_KINDS) run in bfloat16 where a trial at
+    # are vectors (infinity.folders.resolve.BFLOAT16_TRIAL_KINDS) run in bfloat16 where a trial at
     # load finds it faster and its vectors within a cosine of float32's
-    # (workers/precision.py); false: float32 always.
+    # (workers/inference/precision.py); false: float32 always.
     auto_bfloat16: bool = True
 
     def __post_init__(self) -> None:
@@ -128,7 +129,7 @@ class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
 
 class MediaConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     """The `[media]` table: how images (and other media) given by URL are fetched, and the
-    limits on every media item (see infinity/media_fetch.py)."""
+    limits on every media item (see infinity/api/media_fetch.py)."""
 
     # Fetch http(s) URLs at all; false leaves data: URIs only.
     fetch_urls: bool = True

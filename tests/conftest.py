@@ -427,7 +427,7 @@ def start_server(tmp_path: Path):
 
 @pytest.fixture(scope="session")
 def model_folder() -> Path:
-    from infinity.models import packaged_model_folder
+    from infinity.folders.resolve import packaged_model_folder
 
     return packaged_model_folder()
 

@@ -272,7 +272,7 @@ def test_many_clients_sending_clips_and_texts_at_once_get_their_own_vectors(serv
 
 def test_a_clap_folder_refuses_the_engines_without_an_audio_tower(folders):
     from infinity.config import ConfigError, ModelConfig
-    from infinity.models import resolve_model
+    from infinity.folders.resolve import resolve_model
 
     for engine in ("onnx", "ctranslate2"):
         with pytest.raises(ConfigError, match="audio tower"):

@@ -15,13 +15,13 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from infinity.config import ModelConfig
-from infinity.models import resolve_model
+from infinity.folders.resolve import resolve_model
 from infinity.shared.devices import cpu_computes_bfloat16
 from tests.conftest import MODEL_NAME
 from tests.tiny_models import (save_tiny_clap, save_tiny_clip, save_tiny_colpali, save_tiny_colqwen2,
                                save_tiny_family_model, save_tiny_siglip)
 from workers.heads import load_model
-from workers.precision import MEAN_COSINE, MIN_COSINE, run_trial
+from workers.inference.precision import MEAN_COSINE, MIN_COSINE, run_trial
 
 pytestmark = pytest.mark.timeout(300)
 

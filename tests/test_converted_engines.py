@@ -8,7 +8,7 @@ import importlib.util
 import pytest
 
 from infinity.config import ModelConfig
-from infinity.models import resolve_model
+from infinity.folders.resolve import resolve_model
 from tests.conftest import cosine, decode_embedding
 from tests.tiny_models import assert_reranks_like_cross_encoder, save_tiny_cross_encoder, save_tiny_family_model
 from workers.heads import load_model

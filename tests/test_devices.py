@@ -17,12 +17,12 @@ import requests
 import torch
 
 from infinity.config import ConfigError, ModelConfig, load_config
-from infinity.topology import Replica, ServedModel
-from infinity.supervisor import plan_cpus
+from infinity.client.topology import Replica, ServedModel
+from infinity.client.supervisor import plan_cpus
 from tests.conftest import (MODEL_NAME, assert_close, assert_error, decode_embedding, pid_alive,
                             shm_arenas, shm_segments, wait_until)
 from infinity.shared import devices
-from infinity.models import resolve_replicas
+from infinity.folders.resolve import resolve_replicas
 
 pytestmark = pytest.mark.timeout(400)
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")

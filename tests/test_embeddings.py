@@ -194,7 +194,7 @@ def test_token_ids_match_text_request(server, sentences):
     text_body = server.embed(texts).json()
     from tokenizers import Tokenizer
 
-    from infinity.models import packaged_model_folder
+    from infinity.folders.resolve import packaged_model_folder
 
     tokenizer = Tokenizer.from_file(str(packaged_model_folder() / "tokenizer.json"))
     tokenizer.no_padding()  # tokenizer.json may pad; the ids of a text are its unpadded ids

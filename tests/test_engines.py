@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from infinity.config import ModelConfig
-from infinity.models import resolve_model
+from infinity.folders.resolve import resolve_model
 from tests.tiny_models import FAMILIES, save_tiny_bert, save_tiny_family_model
 from workers.engines import onednn
 from workers.engines.packed_bert import token_bucket
@@ -110,7 +110,7 @@ def test_every_engine_family_and_kind_matches_the_torch_engine(tmp_path, monkeyp
         return
     # On the CPU a lane per thread, a wide copy (kept here even if it is not faster) and an
     # express lane.
-    monkeypatch.setattr(f"workers.engines.{engine}_engine.wide_copy_pays", lambda *args: True)
+    monkeypatch.setattr("workers.engines.lanes.wide_copy_pays", lambda *args: True)
     reference, tested = load_model(specs["torch"], 1), load_model(specs[engine], 2)
     assert (tested.head.dim, tested.head.labels, tested.head.activation) == \
         (reference.head.dim, reference.head.labels, reference.head.activation)
@@ -195,7 +195,7 @@ def test_compile_is_refused_by_other_engines():
 
 
 def test_wide_copy_only_for_small_models_with_several_lanes(tmp_path):
-    from workers.engines.base import WIDE_COPY_MAX_BYTES, wants_copy
+    from workers.engines.lanes import WIDE_COPY_MAX_BYTES, wants_copy
 
     (tmp_path / "config.json").write_text("{}")
     weights = tmp_path / "model.bin"
@@ -224,7 +224,7 @@ class _TimedEngine:
 
 @pytest.mark.parametrize("narrow, wide, kept", [(0.01, 0.002, True), (0.002, 0.01, False), (0.005, 0.005, False)])
 def test_the_wide_copy_is_kept_only_if_clearly_faster(narrow, wide, kept):
-    from workers.engines.base import wide_copy_pays
+    from workers.engines.lanes import wide_copy_pays
 
     assert wide_copy_pays(_TimedEngine(narrow, wide), 16) is kept
 
@@ -245,7 +245,7 @@ class _DisturbedEngine(_TimedEngine):
 
 
 def test_a_wide_copy_measured_while_disturbed_is_measured_again():
-    from workers.engines.base import WIDE_COPY_TRIES, wide_copy_pays
+    from workers.engines.lanes import WIDE_COPY_TRIES, wide_copy_pays
 
     one_try = 6  # wide passes per try for one input length: one untimed, five timed
     assert wide_copy_pays(_DisturbedEngine(slow_wide_passes=one_try), 16)

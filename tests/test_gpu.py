@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from infinity.config import ModelConfig
-from infinity.models import resolve_model
+from infinity.folders.resolve import resolve_model
 from tests.conftest import cosine, decode_embedding
 from workers.heads import load_model
 

@@ -134,7 +134,7 @@ def test_a_clip_whose_tokenizer_never_gives_its_pooling_token_is_refused(folders
     import shutil
 
     from infinity.config import ConfigError, ModelConfig
-    from infinity.models import resolve_model
+    from infinity.folders.resolve import resolve_model
 
     broken = tmp_path / "clip"
     shutil.copytree(folders[CLIP], broken)

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from infinity.pipeline import INLINE_IDLE_MAX_CHARS
+from infinity.client.engine_client import INLINE_IDLE_MAX_CHARS
 from tests.conftest import (MODEL_NAME, SHM_DIR, assert_close, assert_error, decode_embedding, pid_alive,
                             shm_arenas, shm_segments, start_server_process, wait_until)
 

@@ -12,12 +12,12 @@ import pytest
 import torch
 
 from infinity.config import ModelConfig
-from infinity.models import resolve_model
+from infinity.folders.resolve import resolve_model
 from tests.tiny_models import save_tiny_bert, save_tiny_clap, save_tiny_clip, save_tiny_colpali
 from workers.engines import torch_threads
 from workers.heads import load_model
-from workers.inference_worker import _warm_up_media
-from workers.media_towers import media_module
+from workers.inference.calibration import warm_up_media
+from workers.preprocess.media import media_module
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -89,9 +89,9 @@ def test_the_warm_up_runs_media_passes_in_lanes_or_on_every_thread(tmp_path, cap
     spec = resolve_model(ModelConfig(name="tower", source=str(save_tiny_clap(tmp_path / "clap")), engine="torch",
                                      dtype="float32"))
     model = load_model(spec, threads=2)
-    with caplog.at_level("INFO", logger="workers.inference_worker"):
-        overhead, lanes = _warm_up_media(model, spec, threads=2)
+    with caplog.at_level("INFO", logger="workers.inference.calibration"):
+        overhead, lanes = warm_up_media(model, spec, threads=2)
     assert lanes in (1, 2) and overhead > 0
     assert "single-threaded lanes" in caplog.text
-    _, one_thread = _warm_up_media(model, spec, threads=1)
+    _, one_thread = warm_up_media(model, spec, threads=1)
     assert one_thread == 1

@@ -8,7 +8,7 @@ import torch
 from infinity.config import ConfigError, ModelConfig
 from tokenizers import Tokenizer
 
-from infinity.models import resolve_model
+from infinity.folders.resolve import resolve_model
 from tests.tiny_models import save_tiny_bert
 
 

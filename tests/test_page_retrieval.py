@@ -168,7 +168,7 @@ def test_bad_pages_and_token_ids_are_refused_and_the_server_serves_on(server, fo
 
 def test_a_colpali_engine_folder_is_refused_with_how_to_convert(folders, tmp_path):
     from infinity.config import ConfigError, ModelConfig
-    from infinity.models import resolve_model
+    from infinity.folders.resolve import resolve_model
 
     engine = tmp_path / "colpali-engine"
     engine.mkdir()

@@ -16,7 +16,7 @@ import torch
 from tokenizers import Tokenizer
 
 from infinity.config import ConfigError, ModelConfig
-from infinity.models import resolve_model
+from infinity.folders.resolve import resolve_model
 from tests.conftest import assert_error
 from tests.tiny_models import save_tiny_bert, save_tiny_sparse, scoring_text
 

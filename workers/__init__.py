@@ -1,2 +1,3 @@
-"""The child processes: tokenizers (`tokenizer_worker`) and inference, one per device
-(`inference_worker`), with their engines and heads. They import only `infinity.shared`."""
+"""The child processes: preprocessing (`preprocess`: the tokenizer processes) and
+inference, one process per device (`inference`), with their engines and heads. They
+import only `infinity.shared`."""

@@ -1,5 +1,6 @@
-"""What every child process does first: die with its parent, leave Ctrl-C to the
-supervisor, take its CPUs, set up logging, and connect its channel to the front end."""
+"""The common life of every child process: die with its parent, leave Ctrl-C to the
+supervisor, take its CPUs, set up logging, connect its channel to the front end, serve,
+and close the channel."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import os
 import signal
 import sys
 import threading
+from collections.abc import Callable
 
 from tqdm import tqdm
 
@@ -17,6 +19,15 @@ from infinity.shared.channel import ChannelToFront
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_NAME = 15
+
+
+def run_child(args: protocol.WorkerArgs, serve: Callable[[protocol.WorkerArgs, ChannelToFront], None]) -> None:
+    """A child's main: prepare the process, then `serve` on its channel until it returns."""
+    channel = start_child(args)
+    try:
+        serve(args, channel)
+    finally:
+        channel.close()
 
 
 def start_child(args: protocol.WorkerArgs) -> ChannelToFront:

@@ -5,6 +5,6 @@ model folder (`folders`).
 
 The rule the tree keeps: this package imports nothing else of ours; `workers` imports
 only this package (and its own modules); the front end starts a worker by its entry
-point (`"workers.inference_worker:main"`) and runs worker code in its own process only
-through one named path, the inline tokenizer for small requests (`infinity.pipeline`).
+point (`"workers.inference.worker:main"`) and runs worker code in its own process only
+through one named path, the inline tokenizer for small requests (`infinity.client.engine_client`).
 """

@@ -4,7 +4,7 @@ what each engine is given for it.
 A device is `cpu`, `cpu:N`, `cuda`, `cuda:N`, `rocm`, `rocm:N` or `mps`. Normalised,
 `cuda` is `cuda:0`, `rocm` is `rocm:0` and `cpu:0` is `cpu`; the server runs one
 inference process per normalised device. `cpu:N` is CPU partition N: a process of its own
-on its share of the inference cores (`infinity.supervisor.plan_cpus`), which is how a model
+on its share of the inference cores (`infinity.client.supervisor.plan_cpus`), which is how a model
 gets several CPU replicas. `rocm:N` is GPU N of a ROCm build of torch, which calls it
 `cuda:N`.
 

@@ -59,7 +59,7 @@ class ModelSpec(msgspec.Struct, frozen=True):
     normalize: bool
     max_length: int
     truncate: bool
-    max_input_chars: int  # characters of one input read at most (workers/tokenization.py)
+    max_input_chars: int  # characters of one input read at most (workers/preprocess/text.py)
     lowercase: bool  # sentence-transformers' do_lower_case: lower-case text before tokenizing
     max_batch_tokens: int
     max_batch_size: int
@@ -78,7 +78,7 @@ class ModelSpec(msgspec.Struct, frozen=True):
     # max_active_dims): only the largest this many are answered (None: all).
     max_active_dims: int | None = None
     # Set where `dtype = "auto"` chose bfloat16 on a CPU that computes it natively: the
-    # engine to serve float32 with if the trial at load (workers/precision.py) finds bfloat16
+    # engine to serve float32 with if the trial at load (workers/inference/precision.py) finds bfloat16
     # not close enough to float32 or not faster.
     float32_engine: str | None = None
 
@@ -236,7 +236,7 @@ class Done(msgspec.Struct, tag=True, array_like=True):
 
 class ErrorKind(enum.StrEnum):
     """Why a request failed: the first two a child reports in `Failed`, the others the
-    front end's engine client finds. Only the front end's edge (`infinity.errors`) turns a
+    front end's engine client finds. Only the front end's edge (`infinity.api.errors`) turns a
     kind into what the client is answered."""
 
     INVALID_INPUT = "invalid_input"  # a client's input the model cannot take

@@ -2,7 +2,7 @@
 to run the whole request path (HTTP, admission, protocol, tokenizing, batching, heads,
 arenas, encoding) in milliseconds, against a fake engine whose outputs a test can compute.
 
-`launch_in_threads` stands in for `infinity.supervisor.spawn_process`: it runs a worker's
+`launch_in_threads` stands in for `infinity.client.supervisor.spawn_process`: it runs a worker's
 `serve` loop (the same code its process runs, minus the process set-up) in daemon
 threads, behind an object with the part of `multiprocessing.Process` the supervisor uses.
 A "killed" thread child stops being heard of (its pipe sentinel fires, and the front end
@@ -22,13 +22,14 @@ import numpy as np
 import torch
 from aiohttp.test_utils import TestClient, TestServer
 
-from infinity.app import create_app
+from infinity.api.app import create_app
 from infinity.config import Config, ModelConfig, ServerConfig
-from infinity.models import resolve_replicas
+from infinity.folders.resolve import resolve_replicas
 from infinity.shared.channel import ChannelToFront
 from infinity.shared.protocol import ModelSpec, WorkerArgs
-from infinity.topology import INFERENCE_ENTRY_POINT, TOKENIZER_ENTRY_POINT
-from workers import inference_worker, tokenizer_worker
+from infinity.client.topology import INFERENCE_ENTRY_POINT, TOKENIZER_ENTRY_POINT
+from workers.inference import worker as inference_worker
+from workers.preprocess import worker as tokenizer_worker
 from workers.engines.base import RawOutput, pad_id
 from workers.heads import LoadedModel, load_head
 
@@ -69,7 +70,7 @@ class FakeEngine:
 
 
 class ThreadProcess:
-    """What `infinity.supervisor.Child` uses of a process, for a target run in a thread."""
+    """What `infinity.client.supervisor.Child` uses of a process, for a target run in a thread."""
 
     def __init__(self, target: Callable[[], None], name: str) -> None:
         self._target = target

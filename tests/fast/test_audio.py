@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import soundfile
 
-from workers.audio import AudioLimits, decode_audio
-from workers.tokenization import InputError
+from workers.preprocess.audio_decoding import AudioLimits, decode_audio
+from workers.preprocess import InputError
 
 LIMITS = AudioLimits(max_bytes=1 << 22, max_seconds=10.0)
 RATE = 16000

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from workers.batching import Scheduler, split_by_cost
+from workers.inference.scheduler import Scheduler, split_by_cost
 
 
 def _scheduler(max_tokens: int = 1000, max_size: int = 32, overhead: float = 1e6, lanes: int = 100,
@@ -340,7 +340,7 @@ class _Channel:
 
 def test_a_lane_writes_vectors_then_reports_done_or_the_failure():
     from infinity.shared import protocol
-    from workers.inference_worker import _run
+    from workers.inference.worker import _run
 
     scheduler, arena, channel = _scheduler(max_size=1), _Arena(), _Channel()
     scheduler.submit(1, "m", np.array([7, 13], dtype=np.int32), [1, 1], [10, 11])
@@ -370,9 +370,9 @@ class _CostedEngine:
 
 
 def test_warm_up_fits_the_pass_overhead_and_the_cost_of_padding():
-    from workers.inference_worker import _warm_up
+    from workers.inference.calibration import warm_up
 
-    overhead, weight = _warm_up(_model(_CostedEngine()), max_length=256)
+    overhead, weight = warm_up(_model(_CostedEngine()), max_length=256)
     assert overhead == pytest.approx(100, abs=25)  # 2 ms / 20 us
     assert weight == pytest.approx(0.25, abs=0.1)
 
@@ -389,9 +389,9 @@ class _MidSizePaddingEngine(_CostedEngine):
 
 
 def test_warm_up_prices_padding_as_a_mid_size_batch_pays_it():
-    from workers.inference_worker import _warm_up
+    from workers.inference.calibration import warm_up
 
-    _, weight = _warm_up(_model(_MidSizePaddingEngine()), max_length=256)
+    _, weight = warm_up(_model(_MidSizePaddingEngine()), max_length=256)
     assert weight == pytest.approx(0.5, abs=0.1)
 
 

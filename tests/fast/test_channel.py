@@ -106,8 +106,8 @@ def test_the_front_end_stops_reading_a_child_that_went_away(tmp_path):
 
 
 def test_a_childs_threads_end_quietly_once_the_front_end_closes_its_channel(tmp_path):
-    from workers.batching import Scheduler
-    from workers.inference_worker import _receive
+    from workers.inference.scheduler import Scheduler
+    from workers.inference.worker import _receive
 
     path = str(tmp_path / "child")
 

@@ -8,7 +8,7 @@ import asyncio
 
 from infinity.shared import protocol
 from infinity.shared.channel import ChannelToChild, ChannelToFront
-from infinity.supervisor import Child
+from infinity.client.supervisor import Child
 
 
 def _child(path: str) -> Child:

@@ -4,7 +4,7 @@ import pytest
 
 from infinity.cli import build_parser
 from infinity.config import ConfigError, load_config
-from infinity.supervisor import cpu_quota, plan_cpus
+from infinity.client.supervisor import cpu_quota, plan_cpus
 
 
 def _toml(tmp_path, text: str):

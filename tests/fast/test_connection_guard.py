@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from infinity.connections import ConnectionGuard, ConnectionLimits, Phase
+from infinity.api.connections import ConnectionGuard, ConnectionLimits, Phase
 
 
 class FrozenClockLoop:

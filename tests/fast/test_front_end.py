@@ -12,7 +12,7 @@ import pytest
 from tokenizers import Tokenizer
 
 from infinity.config import ModelConfig
-from infinity.models import resolve_model
+from infinity.folders.resolve import resolve_model
 from tests.fast.inprocess import ThreadLauncher, expected_embedding, serving
 
 pytestmark = pytest.mark.timeout(60)
@@ -78,7 +78,7 @@ def test_a_lone_short_text_tokenized_in_the_front_end_and_token_ids_give_the_sam
 def test_texts_of_a_request_that_finds_nothing_in_flight_are_tokenized_in_the_front_end(model_tokenizer,
                                                                                           monkeypatch):
     from infinity.shared import protocol
-    from infinity.supervisor import Child
+    from infinity.client.supervisor import Child
 
     to_tokenizers: list[protocol.Tokenize] = []
     send = Child.send

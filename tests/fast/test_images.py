@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 from PIL import Image, ImageOps
 
-from workers.images import ImageLimits, decode_image
-from workers.media_towers import data_uri_bytes
-from workers.tokenization import InputError
+from workers.preprocess.image_decoding import ImageLimits, decode_image
+from workers.preprocess.media import data_uri_bytes
+from workers.preprocess import InputError
 
 LIMITS = ImageLimits(max_bytes=1 << 20, max_pixels=40_000_000)
 

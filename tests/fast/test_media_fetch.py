@@ -13,8 +13,8 @@ import pytest
 from aiohttp import web
 
 from infinity.config import MediaConfig
-from infinity.errors import ServingError
-from infinity.media_fetch import MediaFetcher, is_public
+from infinity.api.errors import ServingError
+from infinity.api.media_fetch import MediaFetcher, is_public
 from infinity.shared.protocol import ErrorKind
 
 BODY = b"\x89PNG not really" * 100

@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 
 from infinity.config import ModelConfig, load_config
-from infinity.models import resolve_model
+from infinity.folders.resolve import resolve_model
 from infinity.shared.devices import cpu_computes_bfloat16
-import workers.precision
+import workers.inference.precision
 from infinity.shared.devices import cpu_identity
-from workers.precision import TrialFigures, keeps_bfloat16, load_by_trial, trial_record
+from workers.inference.precision import TrialFigures, keeps_bfloat16, load_by_trial, trial_record
 
 CLOSE = {"inputs": "texts", "mean_cosine": 0.99995, "min_cosine": 0.9999}
 FASTER = {"bfloat16_per_s": 300.0, "float32_per_s": 140.0, "bfloat16_lone_ms": 3.0, "float32_lone_ms": 2.8}
@@ -122,7 +122,7 @@ def test_a_later_start_serves_what_the_first_ones_trial_chose_without_trying_aga
                                                                                     figures, chosen):
     spec = resolve_model(ModelConfig(name="m"), cpu_bfloat16=True)
     trials = []
-    monkeypatch.setattr(workers.precision, "run_trial",
+    monkeypatch.setattr(workers.inference.precision, "run_trial",
                         lambda *args: trials.append(args) or [TrialFigures(**CLOSE, **figures)])
     first, later = [], []
     assert load_by_trial(spec, 2, _loader(first)).dtype == chosen
@@ -139,10 +139,10 @@ def test_unreadable_kept_figures_are_measured_again(cache, monkeypatch):
     record = trial_record(spec, 2)
     record.parent.mkdir(parents=True)
     record.write_text('[{"inputs": "texts"')
-    monkeypatch.setattr(workers.precision, "run_trial", lambda *args: [TrialFigures(**CLOSE, **FASTER)])
+    monkeypatch.setattr(workers.inference.precision, "run_trial", lambda *args: [TrialFigures(**CLOSE, **FASTER)])
     loaded = []
     assert load_by_trial(spec, 2, _loader(loaded)).dtype == "bfloat16" and loaded == ["float32", "bfloat16"]
-    assert keeps_bfloat16(workers.precision._read_figures(record))[0]
+    assert keeps_bfloat16(workers.inference.precision._read_figures(record))[0]
     assert [p.name for p in record.parent.iterdir()] == [record.name]  # no staging file left behind
 
 
@@ -156,12 +156,12 @@ def test_the_cpu_identity_holds_its_model_and_flags(tmp_path):
 
 def test_lone_inputs_span_the_trials_lengths_and_alternate_the_models(monkeypatch):
     spec = resolve_model(ModelConfig(name="m"), cpu_bfloat16=True)
-    texts = workers.precision._texts(spec, pad_id=0)
+    texts = workers.inference.precision._texts(spec, pad_id=0)
     lengths = [lone.keywords["batch"][0].shape[1] for lone in texts.lones]
-    assert len(lengths) == workers.precision.TRIAL_LONE_TEXTS and lengths == sorted(lengths)
+    assert len(lengths) == workers.inference.precision.TRIAL_LONE_TEXTS and lengths == sorted(lengths)
     assert lengths[0] < 10 and lengths[-1] > 100  # queries and passages, as one client sends them
-    monkeypatch.setattr(workers.precision, "LONE_PAUSE_S", 0.0)
-    monkeypatch.setattr(workers.precision, "SPIN_DOWN_S", 0.0)
+    monkeypatch.setattr(workers.inference.precision, "LONE_PAUSE_S", 0.0)
+    monkeypatch.setattr(workers.inference.precision, "SPIN_DOWN_S", 0.0)
     ran = []
 
     def model(name: str) -> SimpleNamespace:
@@ -170,9 +170,9 @@ def test_lone_inputs_span_the_trials_lengths_and_alternate_the_models(monkeypatc
             return np.ones((len(ids), 2), dtype=np.float32)
         return SimpleNamespace(forward=forward, engine=SimpleNamespace(lanes=1, widens=True))
 
-    figures = workers.precision._measure(texts, {"bfloat16": model("bfloat16"), "float32": model("float32")}, 1)
+    figures = workers.inference.precision._measure(texts, {"bfloat16": model("bfloat16"), "float32": model("float32")}, 1)
     lone_turns = [name for name, wide in ran if wide]
     # Each model's warm-up first; then per round the lone inputs alternate input by input.
     timed = lone_turns[2 * len(texts.lones):]
-    assert timed == ["bfloat16", "float32"] * (workers.precision.TRIAL_ROUNDS * len(texts.lones))
+    assert timed == ["bfloat16", "float32"] * (workers.inference.precision.TRIAL_ROUNDS * len(texts.lones))
     assert figures.mean_cosine == pytest.approx(1.0) and figures.bfloat16_lone_ms > 0

@@ -7,8 +7,11 @@ import msgspec
 import numpy as np
 import pytest
 
-from infinity.errors import APIError
-from infinity.schemas import EmbeddingRequest, RerankRequest, _repeated_key, decode_body, text_or_token_inputs
+from infinity.api.errors import APIError
+from infinity.api.decode import _repeated_key, decode_body
+from infinity.api.inputs import text_or_token_inputs
+from infinity.api.types.embeddings import EmbeddingRequest
+from infinity.api.types.scores import RerankRequest
 from infinity.shared import protocol, shm
 
 MESSAGES = [
@@ -37,8 +40,8 @@ def test_every_message_round_trips(message):
      0: np.zeros(0, [("index", "<i4"), ("value", "<f4")])},
 ], ids=["matrices", "records"])
 def test_ragged_outputs_travel_exactly_whatever_their_dtype(arrays):
-    from infinity.pipeline import _by_slot
-    from workers.inference_worker import _ragged
+    from infinity.client.engine_client import _by_slot
+    from workers.inference.worker import _ragged
 
     done = protocol.decode(protocol.encode(protocol.Done(1, outputs=_ragged(arrays))))
     received = _by_slot(done.outputs)
@@ -194,7 +197,7 @@ def test_a_cut_string_is_a_prefix_wherever_the_cut_falls():
     import json
     import random
 
-    from infinity.schemas import _cut_string
+    from infinity.api.decode import _cut_string
 
     rng = random.Random(0)
     alphabet = ["a", "é", "東", "🙂", "\n", "\\", '"', "\u0001", "x"]
@@ -211,7 +214,7 @@ def test_a_cut_string_is_a_prefix_wherever_the_cut_falls():
 
 
 def test_every_kind_of_error_has_a_client_answer():
-    from infinity.errors import KIND_STATUS, ServingError, from_kind
+    from infinity.api.errors import KIND_STATUS, ServingError, from_kind
 
     assert set(KIND_STATUS) == set(protocol.ErrorKind)
     invalid = from_kind(ServingError(protocol.ErrorKind.INVALID_INPUT, "too long", "input"))

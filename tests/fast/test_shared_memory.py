@@ -11,8 +11,8 @@ import os
 import pytest
 
 from infinity.config import ModelConfig, ServerConfig
-from infinity.models import resolve_replicas
-from infinity.pipeline import Pipeline, StartupError
+from infinity.folders.resolve import resolve_replicas
+from infinity.client.engine_client import EngineClient, StartupError
 from infinity.shared import shm
 from tests.fast.inprocess import ThreadLauncher
 
@@ -47,11 +47,11 @@ def test_the_start_fails_with_the_reason_when_dev_shm_is_too_small(monkeypatch):
 
     async def start() -> None:
         specs = resolve_replicas(ModelConfig(name="m", engine="torch"))
-        pipeline = Pipeline(ServerConfig(), specs, ThreadLauncher())
+        client = EngineClient(ServerConfig(), specs, ThreadLauncher())
         try:
             with pytest.raises(StartupError, match="inference-cpu: /dev/shm is too small"):
-                await asyncio.wait_for(pipeline.start(), 30)
+                await asyncio.wait_for(client.start(), 30)
         finally:
-            await pipeline.stop()
+            await client.stop()
 
     asyncio.run(start())

@@ -18,7 +18,7 @@ import torch
 from tokenizers import Tokenizer
 
 from infinity.config import ModelConfig
-from infinity.models import packaged_model_folder, resolve_model
+from infinity.folders.resolve import packaged_model_folder, resolve_model
 from tests.fast.inprocess import serving, token_states
 from workers.heads.sparse import SparseWeights
 

@@ -16,9 +16,9 @@ import pytest
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors, trainers
 
 from infinity.config import ModelConfig
-from infinity.models import CHARS_PER_TOKEN_READ, resolve_model
+from infinity.folders.resolve import CHARS_PER_TOKEN_READ, resolve_model
 from infinity.shared import protocol
-from workers.tokenization import PREFIX_CHARS_PER_TOKEN, ModelTokenizer, model_tokenizer
+from workers.preprocess.text import PREFIX_CHARS_PER_TOKEN, ModelTokenizer, model_tokenizer
 
 WORDS = ("the quick brown fox jumps over a lazy dog embedding server token Zürich café naïve "
          "東京 北京 数据 Москва привет Ελλάδα مرحبا 🙂 🚀 don't e-mail 3.14 1,000 #tag @user "
@@ -221,7 +221,7 @@ def test_what_lies_beyond_the_characters_read_is_not_seen(tmp_path):
 
 
 def test_with_truncation_off_a_long_input_is_refused_without_reading_it_all(tmp_path):
-    from workers.tokenization import InputError
+    from workers.preprocess import InputError
 
     spec = _spec("wordpiece", tmp_path, "embed", 16, truncate=False)
     tokenizer = ModelTokenizer(spec)

@@ -14,9 +14,10 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
-from workers.batching import Scheduler, media_queue
+from workers.inference.scheduler import Scheduler, media_queue
 from workers.engines import torch_threads
-from workers.inference_worker import _media_lanes, _Queue, _run_queued, _text_lanes, _TextLanes, _warm_up
+from workers.inference.calibration import TextLanes, media_lanes, text_lanes, warm_up
+from workers.inference.worker import _Queue, _run_queued
 
 
 def test_a_threads_count_is_its_own_and_is_restored():
@@ -53,12 +54,12 @@ def _sleeping_passes(seconds_per_item: dict[bool, float]):  # noqa: ANN202
 
 def test_lanes_are_kept_where_they_measure_faster():
     # Two lanes of 2 items at once: 2 x 8 ms = 16 ms, against 4 x 8 ms = 32 ms on every thread.
-    assert _media_lanes(_sleeping_passes({True: 0.008, False: 0.008}), lanes=2) == 2
+    assert media_lanes(_sleeping_passes({True: 0.008, False: 0.008}), lanes=2) == 2
 
 
 def test_lanes_are_refused_where_they_are_slower():
     # A lane's item costs 3x a wide pass's: 2 x 24 ms = 48 ms at once against 32 ms.
-    assert _media_lanes(_sleeping_passes({True: 0.024, False: 0.008}), lanes=2) == 1
+    assert media_lanes(_sleeping_passes({True: 0.024, False: 0.008}), lanes=2) == 1
 
 
 class _ThreadsSeen:
@@ -99,10 +100,10 @@ def _engine(on_caller_threads: bool, lanes: int = 1, widens: bool = False) -> Si
 
 
 def test_torch_on_a_cpu_runs_texts_in_a_single_threaded_lane_per_core():
-    assert _text_lanes(_engine(True), threads=2) == _TextLanes(2, True, (1, 2))
-    assert _text_lanes(_engine(True), threads=1) == _TextLanes(1, False, None)
+    assert text_lanes(_engine(True), threads=2) == TextLanes(2, True, (1, 2))
+    assert text_lanes(_engine(True), threads=1) == TextLanes(1, False, None)
     # Engines with threads of their own keep their lanes (CTranslate2's replicas, ONNX Runtime's runs).
-    assert _text_lanes(_engine(False, lanes=2, widens=True), threads=2) == _TextLanes(2, True, None)
+    assert text_lanes(_engine(False, lanes=2, widens=True), threads=2) == TextLanes(2, True, None)
 
 
 class _ThreadsCosted:
@@ -131,7 +132,7 @@ def test_the_warm_up_times_a_lanes_passes_on_a_lanes_threads():
     head = PooledEmbedding.__new__(PooledEmbedding)
     head._pooling, head._normalize = "mean", False
     with torch_threads(2), ThreadPoolExecutor(1, thread_name_prefix="wide-pass") as wide_runner:
-        _warm_up(LoadedModel(engine, head, "float32"), max_length=256, lanes=_TextLanes(2, True, (1, 2)),
+        warm_up(LoadedModel(engine, head, "float32"), max_length=256, lanes=TextLanes(2, True, (1, 2)),
                  wide_runner=wide_runner)
         assert torch.get_num_threads() == 2
     wide = [threads for threads, is_wide in engine.passes if is_wide]
@@ -143,15 +144,15 @@ def test_the_warm_up_times_a_lanes_passes_on_a_lanes_threads():
 
 
 def test_the_media_warm_up_runs_a_lone_item_on_the_wide_passes_thread_where_lanes_are_kept(monkeypatch):
-    import workers.inference_worker as worker
+    import workers.inference.calibration as calibration
 
     example = SimpleNamespace(features=np.zeros((8, 4), np.float32), input_ids=None, grid=None, cost=1)
-    monkeypatch.setattr(worker, "media_module", lambda kind: SimpleNamespace(example_features=lambda spec, n: example))
-    monkeypatch.setattr(worker, "_media_lanes", lambda forward, lanes: lanes)  # lanes kept
+    monkeypatch.setattr(calibration, "media_module", lambda kind: SimpleNamespace(example_features=lambda spec, n: example))
+    monkeypatch.setattr(calibration, "media_lanes", lambda forward, lanes: lanes)  # lanes kept
     model = _ThreadsSeen()
     model.engine = SimpleNamespace(on_caller_threads=True)
     with torch_threads(2), ThreadPoolExecutor(1, thread_name_prefix="wide-pass") as wide_runner:
-        _, lanes = worker._warm_up_media(model, SimpleNamespace(kind="image_text"), threads=2, wide_runner=wide_runner)
+        _, lanes = calibration.warm_up_media(model, SimpleNamespace(kind="image_text"), threads=2, wide_runner=wide_runner)
     assert lanes == 2
     # The timed passes on the calling thread; then one on the wide passes' thread, on every thread.
     assert model.callers[-1].startswith("wide-pass") and model.seen[-1] == 2

@@ -20,7 +20,8 @@ from infinity.shared import devices
 from infinity.shared.folders import CTRANSLATE2_FAMILIES
 from infinity.shared.protocol import ModelSpec
 from workers.engines.artifacts import cached_build
-from workers.engines.base import RawOutput, pad_id, wants_copy, wide_copy_pays
+from workers.engines.base import RawOutput, pad_id
+from workers.engines.lanes import settle_wide_copy, wants_copy
 
 log = logging.getLogger(__name__)
 
@@ -106,9 +107,7 @@ class CTranslate2Engine:
                                             intra_threads=1) if copies else None
         self.express = self._express is not None
         self.pad_id = pad_id(spec)
-        if self._wide is not None and not wide_copy_pays(self, spec.max_length):
-            self._wide = None
-        self.widens = self._wide is not None
+        settle_wide_copy(self, spec.max_length)
 
     @torch.inference_mode()
     def forward(self, input_ids: np.ndarray, attention_mask: np.ndarray,

@@ -27,7 +27,8 @@ from infinity.shared import devices
 from infinity.shared.folders import cache_dir
 from infinity.shared.protocol import ModelSpec
 from workers.engines.artifacts import cached_build
-from workers.engines.base import RawOutput, auto_class, model_output, pad_id, wants_copy, wide_copy_pays
+from workers.engines.base import RawOutput, auto_class, model_output, pad_id
+from workers.engines.lanes import settle_wide_copy, wants_copy
 
 log = logging.getLogger(__name__)
 
@@ -226,9 +227,7 @@ class OnnxEngine:
         self._wide = _session(folder / GRAPH, spec.device, threads) if copies else None
         self._inputs = [i.name for i in self._session.get_inputs()]
         self.pad_id = pad_id(spec)
-        if self._wide is not None and not wide_copy_pays(self, spec.max_length):
-            self._wide = None
-        self.widens = self._wide is not None
+        settle_wide_copy(self, spec.max_length)
 
     @torch.inference_mode()
     def forward(self, input_ids: np.ndarray, attention_mask: np.ndarray,

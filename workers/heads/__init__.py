@@ -71,9 +71,9 @@ class LoadedModel:
 
 def load_model(spec: ModelSpec, threads: int) -> LoadedModel:
     """The spec's head, and the engine that gives it the raw output it needs; where
-    `dtype = "auto"` chose bfloat16, in the precision its trial settles (workers/precision.py)."""
+    `dtype = "auto"` chose bfloat16, in the precision its trial settles (workers/inference/precision.py)."""
     if spec.float32_engine is not None:
-        from workers.precision import load_by_trial
+        from workers.inference.precision import load_by_trial
 
         return load_by_trial(spec, threads, load_model)
     head = load_head(spec)

@@ -1,0 +1,193 @@
+"""The HTTP application: the routes of `infinity.api.routes` (one table, from which the
+OpenAPI document is built too) served under `/v1` and without it (as infinity does),
+below the configured `url_prefix`; the JSON error and auth middlewares; the engine
+client's start and stop. A route's handler gets its request body decoded into the
+route's request type and returns an instance of its response type.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import hmac
+import logging
+import os
+import signal
+import typing
+from collections.abc import Awaitable, Callable
+from importlib.metadata import version
+from typing import Any
+
+import msgspec
+from aiohttp import hdrs, web
+from msgspec import Struct
+
+from infinity.api import openapi
+from infinity.config import Config
+from infinity.api.connections import BODY, Handler, track_request
+from infinity.api.errors import APIError, ServingError, error_response, from_kind
+from infinity.client.engine_client import EngineClient, StartupError
+from infinity.api.routes import ROUTES, Route
+from infinity.api.media_fetch import MediaFetcher
+from infinity.api.metrics import METRICS, Metrics, record_request, serve_metrics
+from infinity.api.routes.common import CONFIG, FETCHER, ENGINE_CLIENT
+from infinity.api.decode import decode_body
+from infinity.shared.protocol import ModelSpec
+from infinity.client.supervisor import Launch, spawn_process
+
+log = logging.getLogger(__name__)
+
+EXIT_CODE = web.AppKey("exit_code", list)
+START_TASK = web.AppKey("start_task", asyncio.Task)
+OPENAPI = web.AppKey("openapi", bytes)
+DOCS = web.AppKey("docs", str)
+MAX_INPUT_CHARS = web.AppKey("max_input_chars", int)  # the most any served model reads of one text
+
+
+def create_app(config: Config, specs: list[ModelSpec], launch: Launch = spawn_process) -> web.Application:
+    """The application serving `specs`; `launch` starts its children (processes, but in
+    the fast tests)."""
+    server = config.server
+    client = EngineClient(server, specs, launch, config.media)
+    metrics = Metrics(client, version("infinity-serve"))
+    app = web.Application(
+        client_max_size=server.max_request_bytes,
+        middlewares=[record_request(metrics), _json_errors, _authorization(server.api_key), track_request],
+    )
+    app[CONFIG] = config
+    app[ENGINE_CLIENT] = client
+    app[METRICS] = metrics
+    app[FETCHER] = MediaFetcher(config.media)
+    app[EXIT_CODE] = [0]
+    app[MAX_INPUT_CHARS] = max(spec.max_input_chars for spec in specs)
+    for route in ROUTES:
+        op = route.operation
+        for path in (op.path, *op.aliases):
+            app.router.add_route(op.method.upper(), server.url_prefix + path, _handler(route))
+    names: dict[str, list[str]] = {}  # the served models of each kind
+    for spec in specs:
+        if spec.name not in names.setdefault(spec.kind, []):
+            names[spec.kind].append(spec.name)
+    document = openapi.document([route.operation for route in ROUTES], "infinity-serve", version("infinity-serve"),
+                                names, server.url_prefix, api_key=server.api_key is not None)
+    app[OPENAPI] = msgspec.json.encode(document)
+    app[DOCS] = openapi.render_html(document)
+    app.router.add_get(f"{server.url_prefix}/openapi.json", _serve_openapi)
+    app.router.add_get(f"{server.url_prefix}/docs", _serve_docs)
+    app.router.add_get(f"{server.url_prefix}/metrics", serve_metrics)
+    app.on_startup.append(_start_engine_client)
+    app.on_cleanup.append(_stop_engine_client)
+    return app
+
+
+def _handler(route: Route) -> Handler:
+    """The aiohttp handler of `route`: decode the body, serve, encode the answer."""
+    op = route.operation
+    # A NewType answer (a bare list) is an instance of the class of the type it names.
+    answer_class = typing.get_origin(getattr(op.answer, "__supertype__", None)) or op.answer
+
+    async def handle(request: web.Request) -> web.Response:
+        body = await _read(request, op.body, op.media) if op.body is not None else None
+        answer = await route.serve(request, body)
+        assert isinstance(answer, answer_class), f"{op.path} answered {type(answer).__name__}"
+        return web.Response(body=msgspec.json.encode(answer), content_type="application/json")
+
+    return handle
+
+
+async def _serve_openapi(request: web.Request) -> web.Response:
+    return web.Response(body=request.app[OPENAPI], content_type="application/json")
+
+
+async def _serve_docs(request: web.Request) -> web.Response:
+    return web.Response(text=request.app[DOCS], content_type="text/html")
+
+
+# --- middlewares ------------------------------------------------------------------------
+
+@web.middleware
+async def _json_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Answer every error, whoever raised it, in the one JSON shape."""
+    try:
+        return await handler(request)
+    except APIError as exc:
+        return error_response(exc)
+    except ServingError as exc:
+        return error_response(from_kind(exc))
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        return error_response(_http_error(request, exc))
+    except asyncio.CancelledError:
+        raise
+    except Exception:
+        log.exception("unhandled error on %s %s", request.method, request.path)
+        return error_response(APIError(500, "internal server error"))
+
+
+def _http_error(request: web.Request, exc: web.HTTPException) -> APIError:
+    if exc.status == 404:
+        return APIError(404, f"no route {request.method} {request.path}", code="not_found")
+    if exc.status == 405:
+        allowed = ", ".join(sorted(getattr(exc, "allowed_methods", ())))
+        return APIError(405, f"method {request.method} is not allowed on {request.path}; use {allowed}",
+                        code="method_not_allowed", headers={"Allow": allowed})
+    if exc.status == 413:
+        limit = request.app[CONFIG].server.max_request_bytes
+        return APIError(413, f"request body is larger than the limit of {limit} bytes",
+                        code="request_too_large")
+    return APIError(exc.status, exc.reason)
+
+
+def _authorization(api_key: str | None) -> Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]:
+    expected = f"Bearer {api_key}".encode() if api_key else None
+
+    @web.middleware
+    async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if expected is not None and not request.path.endswith(openapi.KEYLESS_PATHS):
+            given = request.headers.get("Authorization", "").encode()
+            if not hmac.compare_digest(given, expected):
+                raise APIError(401, "missing or wrong API key: send 'Authorization: Bearer <key>'",
+                               code="invalid_api_key")
+        return await handler(request)
+
+    return check
+
+
+# --- lifecycle ---------------------------------------------------------------------------
+
+async def _start_engine_client(app: web.Application) -> None:
+    async def start() -> None:
+        try:
+            await app[ENGINE_CLIENT].start()
+            # What start-up made lives as long as the process: the collector need not scan
+            # it again at every full collection while serving.
+            gc.freeze()
+            log.info("all models loaded; serving")
+        except StartupError as exc:
+            log.error("cannot start: %s", exc)
+            app[EXIT_CODE][0] = 1
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    app[START_TASK] = asyncio.create_task(start())
+
+
+async def _stop_engine_client(app: web.Application) -> None:
+    app[START_TASK].cancel()
+    await app[ENGINE_CLIENT].stop()
+    await app[FETCHER].close()
+
+
+async def _read(request: web.Request, request_type: type[Struct], media: bool = False) -> Any:
+    """The JSON body of `request` (already read by `track_request`), decoded into
+    `request_type`; a body of another declared type is 415 (see `decode_body` for the rest;
+    `media`: the route's inputs are media, never shortened)."""
+    if hdrs.CONTENT_TYPE in request.headers and not _is_json(request.content_type):
+        raise APIError(415, f"the request body must be JSON (Content-Type: application/json), "
+                            f"not {request.content_type}", code="unsupported_media_type")
+    return decode_body(request[BODY], request_type, None if media else request.app[MAX_INPUT_CHARS])
+
+
+def _is_json(media_type: str) -> bool:
+    return media_type == "application/json" or (media_type.startswith("application/")
+                                                and media_type.endswith("+json"))

@@ -1,0 +1,126 @@
+"""Checks of a request's inputs beyond their types (the shapes `input` may take, limits),
+sorting them into the engine client's `ModelInputs`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import msgspec
+
+from infinity.api.errors import APIError
+from infinity.api.types.common import ImagePart
+from infinity.api.types.scores import RerankRequest
+from infinity.client.engine_client import ModelInputs
+
+_Type = TypeVar("_Type", bound=str)
+
+
+def output_types(types: list[_Type] | None, default: _Type) -> list[_Type]:
+    """The requested output types, each once, in request order; `[default]` without a list."""
+    if types is None:
+        return [default]
+    if not types:
+        raise APIError(422, "embedding_types must name at least one type", param="embedding_types")
+    return list(dict.fromkeys(types))
+
+
+_SHAPE = ("{} must be a non-empty string, a list of non-empty strings, a list of token ids "
+          "or a list of lists of token ids")
+
+
+def text_or_token_inputs(value: Any, max_items: int, param: str = "input") -> ModelInputs:
+    """Check the inputs of an embeddings or classify request (the field `param`) and sort
+    them into texts or token ids."""
+    if isinstance(value, str):
+        if not value:
+            raise APIError(422, f"{param} must not be an empty string", param=param)
+        return ModelInputs(texts=[value])
+    if not isinstance(value, list) or not value:
+        raise APIError(422, _SHAPE.format(param), param=param)
+    if all(isinstance(v, str) for v in value):
+        return text_inputs(value, max_items, param)
+    _check_count(len(value), max_items, param)
+    if all(_is_token(v) for v in value):
+        return ModelInputs(token_ids=_in_range([value], param))
+    if all(isinstance(v, list) and v and all(_is_token(t) for t in v) for v in value):
+        return ModelInputs(token_ids=_in_range(value, param))
+    raise APIError(422, _SHAPE.format(param), param=param)
+
+
+def text_inputs(texts: list[str], max_items: int, param: str) -> ModelInputs:
+    """Check a list of texts: not empty, within the item limit, no empty string."""
+    if not texts:
+        raise APIError(422, f"{param} must be a non-empty list of strings", param=param)
+    _check_count(len(texts), max_items, param)
+    empty = next((i for i, text in enumerate(texts) if not text), None)
+    if empty is not None:
+        raise APIError(422, f"{param}[{empty}] is an empty string", param=param)
+    return ModelInputs(texts=texts)
+
+
+def _check_count(count: int, max_items: int, param: str) -> None:
+    if count > max_items:
+        raise APIError(422, f"{param} has {count} items, more than the limit of {max_items} "
+                            "per request; split it into several requests", param=param)
+
+
+def _in_range(sequences: list[list[int]], param: str) -> list[list[int]]:
+    """Token ids travel as int32; the tokenizer process checks the model's own vocabulary."""
+    for i, ids in enumerate(sequences):
+        bad = next((t for t in ids if not 0 <= t <= _MAX_TOKEN_ID), None)
+        if bad is not None:
+            raise APIError(422, f"{param}[{i}] holds token id {bad}, outside the model's vocabulary",
+                           param=param)
+    return sequences
+
+
+_MAX_TOKEN_ID = 2**31 - 1  # token ids travel as int32
+
+
+def _is_token(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def page_documents(body: RerankRequest, max_items: int) -> list[str]:
+    """A page-retrieval rerank's query (checked) and documents as image data: URIs or URLs:
+    each a string, or `{"content": [{"type": "image_url", "image_url": {"url": ...}}]}`."""
+    def read(document: object) -> str | None:
+        if isinstance(document, dict):
+            try:
+                (part,) = msgspec.convert(document.get("content"), list[ImagePart])
+            except (msgspec.ValidationError, ValueError, TypeError):
+                return None
+            return part.image_url.url
+        return document if isinstance(document, str) else None
+
+    return _rerank_documents(body, max_items, read, "page images",
+                             "a page image: a data: URI or URL, or an object whose content is one image_url part")
+
+
+def rerank_inputs(body: RerankRequest, max_items: int) -> ModelInputs:
+    """Check a rerank request: a non-empty query, documents as strings or {"text": ...}."""
+    def read(document: object) -> str | None:
+        text = document.get("text") if isinstance(document, dict) else document
+        return text if isinstance(text, str) else None
+
+    texts = _rerank_documents(body, max_items, read, "strings or of objects with 'text'",
+                              "a string or an object with a string 'text'")
+    return ModelInputs(texts=texts, query=body.query)
+
+
+def _rerank_documents(body: RerankRequest, max_items: int, read: Callable[[object], str | None], kinds: str,
+                      one: str) -> list[str]:
+    """A rerank request's documents, each as `read` makes it (None: not a document of
+    the model's kind, described as `one`; the list as `kinds`), after checking its query."""
+    if not isinstance(body.query, str) or not body.query:
+        raise APIError(422, "query must be a non-empty string", param="query")
+    documents = body.documents
+    if not isinstance(documents, list) or not documents:
+        raise APIError(422, f"documents must be a non-empty list of {kinds}", param="documents")
+    _check_count(len(documents), max_items, "documents")
+    read_documents = [read(document) for document in documents]
+    for i, document in enumerate(read_documents):
+        if document is None:
+            raise APIError(422, f"documents[{i}] must be {one}", param="documents")
+    return read_documents  # type: ignore[return-value]

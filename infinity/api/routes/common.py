@@ -1,0 +1,83 @@
+"""What every route shares: the application's keys, the route record, and choosing the
+served model a request names."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+from msgspec import Struct
+
+from infinity.api import openapi
+from infinity.config import Config
+from infinity.api.errors import APIError
+from infinity.api.media_fetch import MediaFetcher
+from infinity.api.metrics import MODEL
+from infinity.client.engine_client import EngineClient, Result
+from infinity.api.types.common import Usage
+from infinity.client.topology import ServedModel
+
+ENGINE_CLIENT = web.AppKey("engine_client", EngineClient)
+CONFIG = web.AppKey("config", Config)
+FETCHER = web.AppKey("media_fetcher", MediaFetcher)
+
+# Errors of every route that runs a model.
+MODEL_ERRORS = (400, 404, 408, 413, 415, 422, 429, 503)
+# The model name infinity's generated client sends when its caller names none.
+UNNAMED_MODEL = "default/not-specified"
+# What each model kind serves (in infinity's capability names), and where.
+KIND_CAPABILITIES = {"embed": ["embed"], "multivector": ["embed", "rerank"], "sparse": ["sparse"],
+                     "rerank": ["rerank"], "classify": ["classify"], "image_text": ["embed", "image_embed"],
+                     "audio_text": ["embed", "audio_embed"],
+                     "image_multivector": ["embed", "image_embed", "rerank"]}
+# Kinds that give a vector per token and score by late interaction (MaxSim).
+LATE_INTERACTION_KINDS = ("multivector", "image_multivector")
+CAPABILITY_ROUTES = {"embed": "/v1/embeddings", "image_embed": "/v1/embeddings (modality image)",
+                     "audio_embed": "/v1/embeddings (modality audio)",
+                     "sparse": "/v1/embed_sparse (and /v1/embeddings)",
+                     "rerank": "/v1/rerank", "classify": "/v1/classify"}
+
+
+@dataclass(frozen=True)
+class Route:
+    """One operation of the API and the function that serves it: `serve(request, body)`
+    returns the operation's answer type (`body` is None for routes without one)."""
+
+    operation: openapi.Operation
+    serve: Callable[[web.Request, Any], Awaitable[Struct | list]]
+
+
+def served_model(request: web.Request, name: str | None, kinds: tuple[str, ...]) -> ServedModel:
+    """The model a request names, which must be of one of the route's `kinds` (the first
+    names the route); without a name, the only model of those kinds."""
+    models = request.app[ENGINE_CLIENT].models
+    if name is None or name == UNNAMED_MODEL:
+        of_kind = [m for m in models.values() if m.spec.kind in kinds]
+        if len(of_kind) == 1:
+            request[MODEL] = of_kind[0].spec.name
+            return of_kind[0]
+        raise APIError(422, f"model is required: this server serves {len(of_kind)} models of kind "
+                            f"{' or '.join(repr(k) for k in kinds)}", param="model")
+    model = models.get(name)
+    if model is None:
+        raise APIError(404, f"model '{name}' is not served here; served models: {', '.join(models)}",
+                       param="model", code="model_not_found")
+    request[MODEL] = model.spec.name
+    if model.spec.kind not in kinds:
+        routes = " and ".join(f"POST {CAPABILITY_ROUTES[c]}" for c in KIND_CAPABILITIES[model.spec.kind])
+        raise APIError(400, f"model '{name}' is of kind '{model.spec.kind}'; it serves {routes}, not the {kinds[0]} "
+                            "route", param="model", code="wrong_model_kind")
+    return model
+
+
+def max_items(request: web.Request) -> int:
+    """Items one request may carry: never more than a model's whole queue, since such a
+    request could never be admitted."""
+    server = request.app[CONFIG].server
+    return min(server.max_items_per_request, server.max_queued_items)
+
+
+def usage(result: Result) -> Usage:
+    return Usage(result.prompt_tokens, result.prompt_tokens, result.truncated)

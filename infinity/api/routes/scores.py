@@ -1,0 +1,131 @@
+"""Score routes: rerank (Cohere v1/v2, Jina: documents sorted by relevance, by a
+cross-encoder or by a multi-vector model's late interaction) and classify (every label's
+score per input), with the model's activation unless raw scores are asked."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+
+import numpy as np
+from aiohttp import web
+from msgspec import UNSET
+
+from infinity.api import openapi
+from infinity.client.engine_client import Result
+from infinity.api.media_fetch import media_bytes
+from infinity.api.routes.common import (CONFIG, FETCHER, LATE_INTERACTION_KINDS, MODEL_ERRORS, ENGINE_CLIENT, Route, max_items,
+                                    served_model, usage)
+from infinity.api.inputs import page_documents, rerank_inputs, text_or_token_inputs
+from infinity.api.types.common import ApiVersion, BilledUnits, CohereMeta, InputTokens, Usage
+from infinity.api.types.scores import ClassifyRequest, ClassifyResponse, LabelScore, RerankDocument, RerankRequest, RerankResponse, RerankResult
+from infinity.client.engine_client import ModelInputs
+from infinity.client.topology import ServedModel
+
+RERANK_KINDS = ("rerank", "multivector", "image_multivector")  # the model kinds each route serves
+CLASSIFY_KINDS = ("classify",)
+
+
+async def rerank(request: web.Request, body: RerankRequest) -> RerankResponse:
+    """A cross-encoder's relevance (its activation unless raw scores are asked), or a
+    multi-vector model's late-interaction score; a page-retrieval model's documents are
+    page images."""
+    model = served_model(request, body.model, RERANK_KINDS)
+    if model.spec.kind == "image_multivector":
+        documents = page_documents(body, max_items(request))
+        pages = await media_bytes(request.app[FETCHER], documents, request.app[CONFIG].media.max_image_bytes,
+                                  max_items(request))
+        scores, tokens = await _late_interaction(request, model, ModelInputs(texts=[body.query]),
+                                                 ModelInputs(media=pages))
+    else:
+        inputs = rerank_inputs(body, max_items(request))
+        documents = inputs.texts or []
+        if model.spec.kind in LATE_INTERACTION_KINDS:
+            scores, tokens = await _late_interaction(request, model, ModelInputs(texts=[inputs.query or ""],
+                                                                                 task="query"),
+                                                     ModelInputs(texts=documents, task="document"))
+        else:
+            result = await request.app[ENGINE_CLIENT].run(model, inputs)
+            try:
+                scores = np.array([row[0] for row in result.rows()], dtype=np.float32)
+            finally:
+                result.release()
+            if not body.raw_scores:
+                scores = activate(scores, result.activation)
+            tokens = usage(result)
+    order = np.argsort(-scores, kind="stable")[:body.top_n or None]
+    results = [RerankResult(index=int(i), relevance_score=float(scores[i]),
+                            document=RerankDocument(documents[i]) if body.return_documents else UNSET)
+               for i in order]
+    return RerankResponse(
+        id=uuid.uuid4().hex, created=int(time.time()), results=results, model=model.spec.name, usage=tokens,
+        meta=CohereMeta(ApiVersion("2"), BilledUnits(search_units=1), InputTokens(tokens.prompt_tokens)))
+
+
+async def _late_interaction(request: web.Request, model: ServedModel, query: ModelInputs,
+                            documents: ModelInputs) -> tuple[np.ndarray, Usage]:
+    """Each document's MaxSim against the query, as the model scores (the sum over query
+    tokens of the best document-token dot product; divided by the query's tokens for
+    "meanmaxsim")."""
+    client = request.app[ENGINE_CLIENT]
+    results = await asyncio.gather(client.run(model, query), client.run(model, documents),
+                                   return_exceptions=True)
+    try:
+        for outcome in results:
+            if isinstance(outcome, BaseException):
+                raise outcome
+        query_result, document_result = results
+        (query_rows,) = query_result.rows()
+        scores = np.array([maxsim(query_rows, rows) for rows in document_result.rows()], dtype=np.float32)
+    finally:
+        for outcome in results:
+            if isinstance(outcome, Result):
+                outcome.release()
+    if model.spec.similarity == "meanmaxsim":
+        scores /= max(len(query_rows), 1)
+    tokens = query_result.prompt_tokens + document_result.prompt_tokens
+    return scores, Usage(tokens, tokens, query_result.truncated + document_result.truncated)
+
+
+def maxsim(query: np.ndarray, document: np.ndarray) -> float:
+    """Sum over the query's rows of the best dot product with any of the document's rows
+    (0 for a document without rows)."""
+    if not len(document):
+        return 0.0
+    return float((query @ document.T).max(axis=1).sum())
+
+
+async def classify(request: web.Request, body: ClassifyRequest) -> ClassifyResponse:
+    model = served_model(request, body.model, CLASSIFY_KINDS)
+    inputs = text_or_token_inputs(body.input, max_items(request))
+    result = await request.app[ENGINE_CLIENT].run(model, inputs)
+    try:
+        logits = np.stack(list(result.rows()))
+    finally:
+        result.release()
+    scores = logits if body.raw_scores else activate(logits, result.activation)
+    labels = result.labels
+    data = [[LabelScore(labels[j], float(row[j])) for j in np.argsort(-row, kind="stable")] for row in scores]
+    return ClassifyResponse(id=uuid.uuid4().hex, created=int(time.time()), data=data, model=model.spec.name,
+                            usage=usage(result))
+
+
+def activate(scores: np.ndarray, activation: str) -> np.ndarray:
+    """Raw head outputs -> relevance (sigmoid) or label probabilities (softmax on the last axis)."""
+    scores = scores.astype(np.float64)
+    if activation == "sigmoid":
+        return 1.0 / (1.0 + np.exp(-scores))
+    if activation == "softmax":
+        exp = np.exp(scores - scores.max(axis=-1, keepdims=True))
+        return exp / exp.sum(axis=-1, keepdims=True)
+    return scores
+
+
+ROUTES = [
+    Route(openapi.Operation("post", "/v1/rerank", ("/rerank", "/v2/rerank"),
+                            "Score documents against a query, best first (Cohere v1 and v2, Jina)",
+                            RerankRequest, RerankResponse, MODEL_ERRORS, RERANK_KINDS), rerank),
+    Route(openapi.Operation("post", "/v1/classify", ("/classify",), "Every label's score for each input",
+                            ClassifyRequest, ClassifyResponse, MODEL_ERRORS, CLASSIFY_KINDS), classify),
+]

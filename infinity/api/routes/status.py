@@ -1,0 +1,68 @@
+"""Status routes: `/health` (ready once every model is loaded on every device), `/live`
+(the front end answers: a liveness probe), and the model list (OpenAI's shape, with infinity's fields and our replicas and queues)."""
+
+from __future__ import annotations
+
+import time
+
+from aiohttp import web
+
+from infinity.api import openapi
+from infinity.api.errors import APIError
+from infinity.api.routes.common import KIND_CAPABILITIES, ENGINE_CLIENT, Route
+from infinity.api.types.status import Health, ModelCard, ModelList, ModelStats, ReplicaCard
+from infinity.client.topology import ServedModel
+
+
+async def health(request: web.Request, _: None) -> Health:
+    if request.app[ENGINE_CLIENT].draining:
+        raise APIError(503, "the server is stopping", code="shutting_down")
+    if not request.app[ENGINE_CLIENT].ready:
+        raise APIError(503, "models are loading", code="not_ready", headers={"Retry-After": "1"})
+    return Health("ok", time.time())
+
+
+async def live(request: web.Request, _: None) -> Health:
+    """200 whenever the front end answers, while models load and while draining too: a
+    liveness probe restarts a server only when it is stuck, never for a slow model load."""
+    return Health("ok", time.time())
+
+
+async def models(request: web.Request, _: None) -> ModelList:
+    return ModelList(data=[_model_card(model) for model in request.app[ENGINE_CLIENT].models.values()])
+
+
+def _model_card(model: ServedModel) -> ModelCard:
+    info, spec = model.info, model.spec
+    queued = model.pool.capacity - model.pool.free
+    return ModelCard(
+        id=spec.name,
+        created=int(time.time()),
+        kind=spec.kind,  # type: ignore[arg-type]
+        capabilities=KIND_CAPABILITIES[spec.kind],
+        backend=info.engine if info else spec.engine,
+        dtype=info.dtype if info else spec.dtype,
+        stats=ModelStats(queue_fraction=queued / model.pool.capacity, queue_absolute=queued,
+                         results_pending=sum(replica.outstanding for replica in model.replicas),
+                         batch_size=spec.max_batch_size),
+        ready=model.ready,
+        dimensions=info.dim if info else None,
+        max_length=spec.max_length,
+        devices=[replica.device for replica in model.replicas],
+        # Each replica's readiness and the inputs it has computed (how the load spreads).
+        replicas=[ReplicaCard(replica.device, replica.ready, replica.served,
+                              replica.info.engine if replica.info else None,
+                              replica.info.dtype if replica.info else None) for replica in model.replicas],
+    )
+
+
+ROUTES = [
+    Route(openapi.Operation("get", "/v1/models", ("/models",), "The served models, their replicas and queues",
+                            None, ModelList, ()), models),
+    Route(openapi.Operation("get", "/health", ("/v1/health",),
+                            "200 once every model is loaded on every device; 503 before", None, Health, (503,)),
+          health),
+    Route(openapi.Operation("get", "/live", ("/v1/live",),
+                            "200 whenever the server answers (also while models load and while stopping)",
+                            None, Health, ()), live),
+]

@@ -1,0 +1,72 @@
+"""What the request and response bodies of several route families share: inputs as
+texts or token ids, content parts, usage, Cohere's meta block."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from msgspec import UNSET, Meta, Struct, UnsetType
+
+_TOKEN_ID = {"type": "integer", "minimum": 0, "maximum": 2 ** 31 - 1}
+
+
+_TEXT = {"type": "string", "minLength": 1}
+
+
+_TEXT_OR_TOKENS = {"anyOf": [
+    _TEXT,
+    {"type": "array", "items": _TEXT, "minItems": 1},
+    {"type": "array", "items": _TOKEN_ID, "minItems": 1},
+    {"type": "array", "items": {"type": "array", "items": _TOKEN_ID, "minItems": 1}, "minItems": 1},
+]}
+
+
+# Shapes that msgspec cannot tell apart by type alone (it takes one kind of list per union);
+# `text_or_token_inputs` and `rerank_inputs` check them and say what is wrong.
+TextOrTokens = Annotated[Any, Meta(
+    description="A text, a list of texts, a list of token ids, or a list of lists of token ids",
+    extra_json_schema=_TEXT_OR_TOKENS)]
+
+
+# Queries and documents, in OpenAI-style and in Cohere's names.
+InputType = Literal["query", "document", "search_query", "search_document"]
+
+
+class ImageUrl(Struct):
+    url: str
+
+
+class TextPart(Struct, tag="text", tag_field="type"):
+    text: str
+
+
+class ImagePart(Struct, tag="image_url", tag_field="type"):
+    image_url: ImageUrl
+
+
+class Usage(Struct):
+    """Tokens the model processed (after truncation), and how many inputs were cut to its
+    maximum length."""
+
+    prompt_tokens: int
+    total_tokens: int
+    truncated_inputs: int
+
+
+class ApiVersion(Struct):
+    version: str
+
+
+class BilledUnits(Struct):
+    input_tokens: int | UnsetType = UNSET
+    search_units: int | UnsetType = UNSET
+
+
+class InputTokens(Struct):
+    input_tokens: int
+
+
+class CohereMeta(Struct):
+    api_version: ApiVersion
+    billed_units: BilledUnits
+    tokens: InputTokens

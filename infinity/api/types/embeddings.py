@@ -1,0 +1,175 @@
+"""Bodies of the embedding routes: OpenAI's `/v1/embeddings` (with vLLM's `messages`),
+Cohere's v1/v2 embed, TEI's `/embed_sparse`."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal, NewType
+
+from msgspec import UNSET, Meta, Struct, UnsetType
+
+from infinity.api.errors import APIError
+from infinity.api.inputs import output_types
+from infinity.api.types.common import (ApiVersion, BilledUnits, CohereMeta, ImagePart, ImageUrl, InputTokens, InputType,
+                                       TextOrTokens, TextPart, Usage)
+from infinity.config import EmbeddingType
+
+# A sparse model's answer per input: its largest this many values (then by index).
+TopK = Annotated[int, Meta(ge=1, description="A sparse model's largest this many values per input, "
+                                             "sorted by index; none: every nonzero value")]
+
+
+class AudioUrlPart(Struct, tag="audio_url", tag_field="type"):
+    audio_url: ImageUrl
+
+
+class InputAudio(Struct):
+    data: str  # the file's bytes in base64
+    format: Annotated[str, Meta(pattern="^[a-z0-9]{1,16}$")]  # "wav", "mp3", "flac", ...
+
+
+class AudioPart(Struct, tag="input_audio", tag_field="type"):
+    """OpenAI's and vLLM's audio content part: base64 data and its format."""
+
+    input_audio: InputAudio
+
+    @property
+    def uri(self) -> str:
+        return f"data:audio/{self.input_audio.format};base64,{self.input_audio.data}"
+
+
+class ChatMessage(Struct):
+    """A message of vLLM's embeddings form: a text, or content parts."""
+
+    content: str | list[TextPart | ImagePart | AudioUrlPart | AudioPart]
+    role: str = "user"
+
+
+class EmbeddingRequest(Struct):
+    """OpenAI embeddings, plus the output type: `embedding_type` (one, in each item's
+    `embedding`) or `embedding_types` (several, in each item's `embeddings`), a sparse
+    model's `top_k`; or, instead of `input`, vLLM's `messages` holding one text or one
+    image."""
+
+    input: TextOrTokens | None = None
+    messages: Annotated[list[ChatMessage], Meta(min_length=1)] | None = None
+    model: str | None = None
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: Annotated[int, Meta(description="Keep the first this many dimensions, then re-normalise; "
+                                                "0 for all", extra_json_schema={"minimum": 0})] | None = None
+    user: str | None = None
+    embedding_type: EmbeddingType | None = None
+    embedding_types: Annotated[list[EmbeddingType], Meta(min_length=1)] | None = None
+    # What `input` holds: text, or (for models that see or hear) images or audio as data:
+    # URIs or URLs, as infinity's `modality`.
+    modality: Literal["text", "image", "audio"] = "text"
+    input_type: Annotated[InputType, Meta(description="Encode the inputs as queries or as documents, for models "
+                                                      "that tell them apart (multi-vector); default document")] | None = None
+
+    @property
+    def task(self) -> str | None:
+        """The `input_type` in the model's terms: "query", "document" or None (not given)."""
+        return None if self.input_type is None else self.input_type.removeprefix("search_")
+    top_k: TopK | None = None
+
+    def output_types(self, default: EmbeddingType) -> list[EmbeddingType]:
+        """The requested types (see `output_types`); `embedding_type` stands in for the default."""
+        if self.embedding_type is not None and self.embedding_types is not None:
+            raise APIError(422, "give embedding_type (one type) or embedding_types (a list), not both",
+                           param="embedding_types")
+        return output_types(self.embedding_types, self.embedding_type or default)
+
+
+# Cohere's "base64" type: base64 of the float32 values.
+CohereEmbeddingType = Literal[EmbeddingType, "base64"]
+
+
+class CohereInput(Struct):
+    """One input of Cohere v2's `inputs`: its content parts (one, for the models here)."""
+
+    content: Annotated[list[TextPart | ImagePart], Meta(min_length=1)]
+
+
+class CohereEmbedRequest(Struct):
+    """Cohere v1/v2 embed bodies: `texts`, or `images` (data: URIs) for image-text models,
+    or v2's `inputs` (each one text or one image_url part). `input_type` is accepted and
+    ignored; long inputs are cut at the end (or refused) as the model's `truncate`
+    setting says, so `truncate` may only be END."""
+
+    texts: Annotated[list[Annotated[str, Meta(min_length=1)]], Meta(min_length=1)] | None = None
+    images: Annotated[list[str], Meta(min_length=1)] | None = None
+    inputs: Annotated[list[CohereInput], Meta(min_length=1)] | None = None
+    model: str | None = None
+    input_type: str | None = None
+    embedding_types: Annotated[list[CohereEmbeddingType], Meta(min_length=1)] | None = None
+    truncate: Literal["END"] = "END"
+    output_dimension: Annotated[int, Meta(extra_json_schema={"minimum": 1})] | None = None
+
+
+class SparseEmbedRequest(Struct):
+    """TEI's `/embed_sparse` body, plus `model` (a served sparse model; none: the only one)
+    and `top_k`. Long inputs are cut at the end as the model's `truncate` setting says;
+    `truncate: false` refuses them (422) even where the model would cut them. A served
+    sparse model has no prompts, so `prompt_name` is refused."""
+
+    inputs: TextOrTokens
+    model: str | None = None
+    truncate: bool | None = None
+    truncation_direction: Literal["Right"] = "Right"
+    prompt_name: str | None = None
+    top_k: TopK | None = None
+
+
+class SparseEmbedding(Struct):
+    """A sparse model's vector: its nonzero values and their indices (vocabulary entries),
+    by index."""
+
+    indices: list[int]
+    values: list[float]
+
+
+# A list of numbers (floats, or integers for the quantised types), or with base64 the
+# base64 of the row's raw little-endian bytes; for a multi-vector model, a list of such
+# lists (one per token), or the base64 of all the rows' bytes in order; for a sparse
+# model, its indices and values.
+Embedding = list[float | list[float]] | str | SparseEmbedding
+
+
+class EmbeddingData(Struct, kw_only=True):
+    object: Literal["embedding"] = "embedding"
+    index: int
+    embedding: Embedding | UnsetType = UNSET  # with one output type
+    embeddings: dict[str, Embedding] | UnsetType = UNSET  # with `embedding_types`: by type
+    shape: list[int] | UnsetType = UNSET  # a multi-vector model's [n_tokens, dim]
+
+
+class EmbeddingResponse(Struct, kw_only=True):
+    object: Literal["list"] = "list"
+    data: list[EmbeddingData]
+    model: str
+    usage: Usage
+
+
+class SparseValue(Struct):
+    index: int
+    value: float
+
+
+# TEI's `/embed_sparse` answer: per input, its nonzero values by index (a bare JSON list).
+SparseEmbedResponse = NewType("SparseEmbedResponse", list[list[SparseValue]])
+
+
+class CohereImage(Struct):
+    width: int
+    height: int
+    format: str
+    bit_depth: int
+
+
+class CohereEmbedResponse(Struct, kw_only=True):
+    id: str
+    # embeddings_floats: a float list per text; embeddings_by_type: by type, one value per text.
+    embeddings: list[list[float]] | dict[str, list[Embedding]]
+    texts: list[str]
+    images: list[CohereImage] | UnsetType = UNSET  # each input image as it was sent
+    meta: CohereMeta
+    response_type: Literal["embeddings_floats", "embeddings_by_type"]

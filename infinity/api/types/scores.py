@@ -1,0 +1,72 @@
+"""Bodies of the score routes: rerank (Cohere v1/v2, Jina) and classify."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from msgspec import UNSET, Meta, Struct, UnsetType
+
+from infinity.api.types.common import CohereMeta, TextOrTokens, Usage, _TEXT
+
+Query = Annotated[Any, Meta(description="The query each document is scored against", extra_json_schema=_TEXT)]
+
+
+Documents = Annotated[Any, Meta(
+    description="The documents to score: texts, or objects whose `text` is the document; for a page-retrieval "
+                "model, page images (data: URIs or URLs, or objects whose `content` is one image_url part)",
+    extra_json_schema={"type": "array", "minItems": 1, "items": {"anyOf": [
+        {"type": "string"},
+        {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]},
+        {"type": "object", "properties": {"content": {"type": "array", "minItems": 1, "maxItems": 1}},
+         "required": ["content"]}]}})]
+
+
+class RerankRequest(Struct):
+    """Cohere v1/v2 and Jina rerank bodies (their other fields are accepted and ignored)."""
+
+    query: Query
+    documents: Documents
+    model: str | None = None
+    top_n: Annotated[int, Meta(ge=0, description="Results to return, best first; 0 for all")] | None = None
+    return_documents: bool = False
+    raw_scores: bool = False
+
+
+class ClassifyRequest(Struct):
+    input: TextOrTokens
+    model: str | None = None
+    raw_scores: bool = False
+
+
+class RerankDocument(Struct):
+    text: str
+
+
+class RerankResult(Struct, kw_only=True):
+    index: int  # of the document in the request
+    relevance_score: float
+    document: RerankDocument | UnsetType = UNSET  # with `return_documents`
+
+
+class RerankResponse(Struct, kw_only=True):
+    id: str
+    object: Literal["rerank"] = "rerank"  # as infinity answers (its client checks it)
+    created: int
+    results: list[RerankResult]
+    model: str
+    usage: Usage
+    meta: CohereMeta
+
+
+class LabelScore(Struct):
+    label: str
+    score: float
+
+
+class ClassifyResponse(Struct, kw_only=True):
+    id: str
+    object: Literal["classify"] = "classify"  # as infinity answers (its client checks it)
+    created: int
+    data: list[list[LabelScore]]  # per input, every label, best first
+    model: str
+    usage: Usage

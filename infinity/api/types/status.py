@@ -1,0 +1,51 @@
+"""Bodies of the status routes: the model list and health."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from msgspec import Struct
+
+class ModelStats(Struct):
+    """How full the model's queue is (the fields infinity's clients read)."""
+
+    queue_fraction: float
+    queue_absolute: int
+    results_pending: int
+    batch_size: int
+
+
+class ReplicaCard(Struct):
+    device: str
+    ready: bool
+    inputs: int  # computed so far
+    engine: str | None
+    dtype: str | None  # what it computes in: float32, bfloat16, ...
+
+
+class ModelCard(Struct, kw_only=True):
+    id: str
+    object: Literal["model"] = "model"
+    owned_by: Literal["infinity"] = "infinity"
+    created: int
+    kind: Literal["embed", "rerank", "classify", "multivector", "sparse", "image_text", "audio_text",
+                  "image_multivector"]
+    capabilities: list[str]
+    backend: str  # the engine of the first replica that loaded
+    dtype: str  # what the first replica that loaded computes in (until one has: what its spec asks)
+    stats: ModelStats
+    ready: bool
+    dimensions: int | None
+    max_length: int
+    devices: list[str]
+    replicas: list[ReplicaCard]
+
+
+class ModelList(Struct, kw_only=True):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+class Health(Struct):
+    status: Literal["ok"]
+    unix: float

@@ -1,0 +1,446 @@
+"""The engine client: the front end's side of the child processes. Admission, the ledger
+of requests in flight, the messages to and from the children, which replica runs a
+request, and what happens when a child answers or dies. Where the children run is
+`infinity.client.topology`'s; what a route makes of a `Result` is the route's.
+
+Every request is admitted (given arena slots, or refused with 429) before anything is
+queued, then sent to a tokenizer, then to one replica of its model: the inference process
+of one of the model's devices, the ready one with the fewest inputs outstanding.
+The engine client always knows which child holds a request, so a child's death fails exactly
+the requests it held (503), and a client that goes away has its request dropped from
+the inference queue. Slots return to the pool only when no process can still write them.
+
+A model placed on several devices keeps serving on its other replicas while one is
+restarted; `/health` says ready only when every process is (a replica short, it is 503).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+from numpy.lib.format import descr_to_dtype
+
+import msgspec
+
+from infinity.client.supervisor import Child, Launch, spawn_process
+from infinity.client.topology import Replica, ServedModel, place
+from infinity.config import MediaConfig, ServerConfig
+from infinity.shared import protocol, shm
+from infinity.shared.media import PROCESSOR_TEXT_KINDS
+from infinity.shared.protocol import ModelSpec
+
+# The one path by which worker code runs in the front end: small requests are tokenized
+# here, with the tokenizer processes' own code, rather than paying two messages
+# (`EngineClient._inline_tokenizers`).
+from workers.preprocess import reply
+from workers.preprocess.text import ModelTokenizer, TaskTokenizer, model_tokenizer
+
+log = logging.getLogger(__name__)
+
+_STOP_TIMEOUT_S = 10.0
+# A request of one text up to this long (or one token-id sequence) is tokenized in the
+# front end: that costs it about what sending it to a tokenizer process and reading the
+# answer back does, and saves the request two process hops.
+INLINE_MAX_CHARS = 256
+# A request that finds nothing else in flight is tokenized in the front end if its texts
+# hold up to this many characters in all (at most ~1 ms of tokenizing): the event loop
+# has nothing else to do meanwhile, and the two hops to a tokenizer process and back cost
+# a lone request more than that (bench/RESULTS.md, "The lone request's hand-offs").
+INLINE_IDLE_MAX_CHARS = 4096
+
+
+class StartupError(RuntimeError):
+    """A child could not load what it serves; the server cannot start."""
+
+
+class ServingError(Exception):
+    """A request the server could not serve, for a reason of `kind` (raised below the
+    routes, which know no HTTP; `infinity.api.errors` turns it into the client's answer)."""
+
+    def __init__(self, kind: protocol.ErrorKind, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.message = message
+        self.param = param
+
+
+class ModelInputs(msgspec.Struct, frozen=True):
+    """The inputs of one request as the engine client takes them: texts, token-id
+    sequences or media, one of them; with `query`, the texts are the documents each paired
+    with it; `task`: encode them as the model's "query" or "document" (models that tell
+    the two apart)."""
+
+    texts: list[str] | None = None
+    token_ids: list[list[int]] | None = None
+    query: str | None = None
+    task: str | None = None
+    media: list[bytes] | None = None  # fetched bytes or data: URIs (see `protocol.Tokenize.media`)
+
+    def __len__(self) -> int:
+        inputs = next(i for i in (self.texts, self.token_ids, self.media) if i is not None)
+        return len(inputs)
+
+
+@dataclass(eq=False)
+class _Pending:
+    request_id: int
+    model: ServedModel
+    slots: list[int]
+    future: asyncio.Future[Result]
+    holder: Child | None  # None: tokenized in the front end, not yet sent anywhere
+    replica: Replica | None = None  # where it was sent to run
+    prompt_tokens: int = 0
+    truncated: int = 0
+    image_info: list[protocol.ImageInfo] | None = None
+    abandoned: bool = False  # the client went away (or was answered with an error)
+
+
+@dataclass
+class Result:
+    """Outputs of one request (vectors or scores), still in the arena: read them, then
+    `release`."""
+
+    model: ServedModel
+    arena: shm.Arena
+    slots: list[int]
+    prompt_tokens: int
+    truncated: int
+    ragged: dict[int, np.ndarray] | None = None  # outputs that vary in size, by slot (not in the arena)
+    image_info: list[protocol.ImageInfo] | None = None  # what each input image was, for images
+    _released: bool = field(default=False, repr=False)
+
+    @property
+    def activation(self) -> str:
+        assert self.model.info is not None
+        return self.model.info.activation
+
+    @property
+    def labels(self) -> list[str]:
+        assert self.model.info is not None
+        return self.model.info.labels
+
+    def rows(self) -> Iterator[np.ndarray]:
+        """Each input's output, in input order: a vector as a view into shared memory, or
+        the array of a model whose outputs vary in size."""
+        for slot in self.slots:
+            yield self.arena.rows[slot] if self.ragged is None else self.ragged[slot]
+
+    def release(self) -> None:
+        if not self._released:
+            self._released = True
+            self.model.pool.give_back(self.slots)
+
+
+class EngineClient:
+    def __init__(self, server: ServerConfig, specs: list[ModelSpec], launch: Launch = spawn_process,
+                 media: MediaConfig | None = None) -> None:
+        self._server = server
+        self._media = media or MediaConfig()
+        self._folder = shm.ServerFolder()  # arenas and channels' socket files
+        self._pending: dict[int, _Pending] = {}
+        self._next_id = 0
+        self._outstanding: dict[str, int] = {}
+        self._started: asyncio.Future[None] | None = None
+        self._stopping = False
+        self.draining = False  # stopping: new requests are refused while those held finish
+        self._handlers = {
+            protocol.Ready: self._on_ready,
+            protocol.StartupFailed: self._on_startup_failed,
+            protocol.Tokenized: self._on_tokenized,
+            protocol.Done: self._on_done,
+            protocol.Failed: self._on_failed,
+            protocol.BatchRan: self._on_batch_ran,
+        }
+        # Told of every batch an inference process ran (the metrics observe them).
+        self.on_batch_ran: Callable[[protocol.BatchRan], None] = lambda message: None
+
+        topology = place(server, specs, self._args, launch)
+        self.models = topology.models
+        self.tokenizers = topology.tokenizers
+        self.inference = topology.inference
+        self._inline = self._inline_tokenizers([model.spec for model in self.models.values()])
+
+    @staticmethod
+    def _inline_tokenizers(specs: list[ModelSpec]) -> dict[str, ModelTokenizer | TaskTokenizer]:
+        """Front-end tokenizers for small requests; not for rerankers, whose pairs are never
+        small, nor for models whose texts their processor encodes; a model whose tokenizer
+        does not load here is left to the tokenizer processes (which report why at start)."""
+        tokenizers = {}
+        for spec in specs:
+            if spec.kind == "rerank" or spec.kind in PROCESSOR_TEXT_KINDS:
+                continue
+            try:
+                tokenizers[spec.name] = model_tokenizer(spec)
+            except Exception:
+                log.warning("model %s: no front-end tokenizer, every request goes to a tokenizer process",
+                            spec.name, exc_info=True)
+        return tokenizers
+
+    def _channel(self, name: str) -> str:
+        return f"{self._folder.path}/{name.replace(':', '_')}"
+
+    def _args(self, name: str, specs: list[ModelSpec], cpus: list[int] | None, threads: int) -> protocol.WorkerArgs:
+        return protocol.WorkerArgs(
+            name=name, channel=self._channel(name),
+            models=specs, cpus=cpus, threads=threads, arena_prefix=self._folder.arena_prefix(),
+            arena_slots=self._server.max_queued_items, log_level=self._server.log_level,
+            max_image_bytes=self._media.max_image_bytes, max_image_pixels=self._media.max_image_pixels,
+            max_audio_bytes=self._media.max_audio_bytes, max_audio_seconds=self._media.max_audio_seconds,
+        )
+
+    @property
+    def children(self) -> list[Child]:
+        return [*self.tokenizers, *self.inference]
+
+    @property
+    def ready(self) -> bool:
+        return (all(child.ready for child in self.children)
+                and all(replica.ready for model in self.models.values() for replica in model.replicas))
+
+    async def start(self) -> None:
+        """Start every child; return once all are ready, or raise `StartupError`."""
+        loop = asyncio.get_running_loop()
+        self._started = loop.create_future()
+        for child in self.children:
+            child.start(self._receive, self._child_exited)
+        await self._started
+
+    async def run(self, model: ServedModel, inputs: ModelInputs) -> Result:
+        """Run one request through the children; the caller must `release` the result."""
+        if self._stopping or self.draining:
+            raise ServingError(protocol.ErrorKind.SHUTTING_DOWN, "the server is shutting down")
+        if not model.ready:
+            raise ServingError(protocol.ErrorKind.MODEL_NOT_READY, f"model '{model.spec.name}' is not ready yet; retry shortly")
+        inline = self._inline.get(model.spec.name) if _tokenized_here(inputs, idle=not self._pending) else None
+        tokenizer = None if inline is not None else self._pick_tokenizer()
+        slots = model.pool.take(len(inputs))
+        if slots is None:
+            raise ServingError(protocol.ErrorKind.OVERLOADED, f"model '{model.spec.name}' has "
+                               f"{model.pool.capacity - model.pool.free} inputs queued, its limit; retry later")
+        self._next_id += 1
+        limit = model.spec.max_input_chars
+        request = protocol.Tokenize(self._next_id, model.spec.name, _within(inputs.texts, limit), inputs.token_ids,
+                                    _within([inputs.query], limit)[0] if inputs.query is not None else None,
+                                    inputs.task, inputs.media)
+        if tokenizer is not None:
+            try:
+                tokenizer.send(request)
+            except Exception:
+                model.pool.give_back(slots)
+                raise
+            self._outstanding[tokenizer.name] += 1
+        pending = _Pending(self._next_id, model, slots, asyncio.get_running_loop().create_future(), tokenizer)
+        self._pending[pending.request_id] = pending
+        if inline is not None:
+            answer = reply(inline.tokenize, request)
+            self._handlers[type(answer)](answer)
+        try:
+            return await pending.future
+        except asyncio.CancelledError:
+            self._abandon(pending)
+            raise
+
+    def _pick_tokenizer(self) -> Child:
+        ready = [child for child in self.tokenizers if child.ready]
+        if not ready:
+            raise ServingError(protocol.ErrorKind.NOT_READY, "no tokenizer process is ready; retry shortly")
+        return min(ready, key=lambda child: self._outstanding[child.name])
+
+    def _abandon(self, pending: _Pending) -> None:
+        """The client went away: stop the work if it is still queued somewhere."""
+        if pending.future.done() and not pending.future.cancelled() and pending.future.exception() is None:
+            pending.future.result().release()
+            return
+        pending.abandoned = True
+        if pending.holder in self.inference and pending.holder.channel is not None:
+            pending.holder.send(protocol.Cancel(pending.request_id))
+
+    def _receive(self, message: protocol.Message) -> None:
+        """Handle a message from a child."""
+        try:
+            self._handlers[type(message)](message)
+        except Exception as exc:
+            log.exception("handling %s failed", type(message).__name__)
+            if self._started is not None and not self._started.done():
+                self._started.set_exception(StartupError(f"handling {type(message).__name__} failed: {exc}"))
+
+    def _child(self, name: str) -> Child:
+        return next(child for child in self.children if child.name == name)
+
+    def _on_ready(self, message: protocol.Ready) -> None:
+        child = self._child(message.worker)
+        for info in message.models:
+            self.models[info.name].replica_in(child).attach(info)
+        child.ready = True
+        child.failures = 0
+        self._outstanding[child.name] = 0
+        log.info("%s ready (pid %d)", child.name, message.pid)
+        if self._started is not None and not self._started.done() and self.ready:
+            self._started.set_result(None)
+
+    def _on_startup_failed(self, message: protocol.StartupFailed) -> None:
+        log.error("%s could not start: %s", message.worker, message.message)
+        if self._started is not None and not self._started.done():
+            self._started.set_exception(StartupError(f"{message.worker}: {message.message}"))
+
+    def _on_tokenized(self, message: protocol.Tokenized) -> None:
+        pending = self._pending.get(message.request_id)
+        if pending is None:
+            return
+        if pending.holder is not None:
+            self._outstanding[pending.holder.name] -= 1
+        model = pending.model
+        if pending.abandoned:
+            self._finish(pending, None)
+            return
+        replica = model.pick()
+        if replica is None:
+            self._finish(pending, ServingError(protocol.ErrorKind.MODEL_NOT_READY,
+                                               f"model '{model.spec.name}' is restarting; retry shortly"))
+            return
+        pending.prompt_tokens = sum(message.lengths) - message.added
+        pending.truncated = message.truncated
+        pending.image_info = message.image_info
+        pending.holder = replica.child
+        pending.replica = replica
+        replica.outstanding += len(pending.slots)
+        replica.child.send(protocol.Infer(message.request_id, model.spec.name, message.ids,
+                                          message.lengths, pending.slots, message.type_ids, message.masks,
+                                          message.features, message.feature_shape, message.feature_grid))
+
+    def _on_done(self, message: protocol.Done) -> None:
+        pending = self._take(message.request_id)
+        if pending is None:
+            return
+        if pending.abandoned or message.cancelled:
+            pending.model.pool.give_back(pending.slots)
+            return
+        replica = pending.replica
+        assert replica is not None and replica.arena is not None
+        replica.served += len(pending.slots)
+        served = pending.model.served
+        served.inputs += len(pending.slots)
+        served.prompt_tokens += pending.prompt_tokens
+        served.truncated += pending.truncated
+        ragged = None if message.outputs is None else _by_slot(message.outputs)
+        pending.future.set_result(Result(pending.model, replica.arena, pending.slots,
+                                         pending.prompt_tokens, pending.truncated, ragged,
+                                         pending.image_info))
+
+    def _on_batch_ran(self, message: protocol.BatchRan) -> None:
+        self.on_batch_ran(message)
+
+    def _on_failed(self, message: protocol.Failed) -> None:
+        pending = self._pending.get(message.request_id)
+        if pending is None:
+            return
+        if pending.holder in self.tokenizers:
+            self._outstanding[pending.holder.name] -= 1
+        self._finish(pending, ServingError(message.kind, message.message, message.param))
+
+    def _finish(self, pending: _Pending, error: ServingError | None) -> None:
+        """End a request with an error (None: its client is gone); no process holds it,
+        so its slots are free."""
+        self._take(pending.request_id)
+        pending.model.pool.give_back(pending.slots)
+        if pending.future.done():
+            return
+        if error is None or pending.abandoned:
+            pending.future.cancel()
+        else:
+            pending.future.set_exception(error)
+
+    def _take(self, request_id: int) -> _Pending | None:
+        """Remove a request that no process holds any more from the books."""
+        pending = self._pending.pop(request_id, None)
+        if pending is not None and pending.replica is not None:
+            pending.replica.outstanding -= len(pending.slots)
+        return pending
+
+    def _child_exited(self, child: Child) -> None:
+        code = child.process.exitcode if child.process is not None else None
+        held = [p for p in self._pending.values() if p.holder is child]
+        for pending in held:
+            self._finish(pending, ServingError(protocol.ErrorKind.WORKER_DIED,
+                                               f"the {child.name} process stopped while serving this request; retry"))
+        if self._stopping:
+            return
+        for model in self.models.values():
+            for replica in model.replicas:
+                if replica.child is child and replica.info is not None:
+                    shm.remove(replica.info.arena)  # the restarted child creates it anew
+        if self._started is not None and not self._started.done():
+            self._started.set_exception(StartupError(f"{child.name} exited with code {code} while starting"))
+            return
+        delay = child.restart_delay()
+        log.error("%s exited with code %s; %d requests failed; restarting in %.1fs",
+                  child.name, code, len(held), delay)
+        asyncio.get_running_loop().call_later(delay, self._restart, child)
+
+    def _restart(self, child: Child) -> None:
+        if not self._stopping:
+            child.reap(0)
+            child.start(self._receive, self._child_exited)
+
+    async def drain(self, timeout: float) -> None:
+        """Refuse new requests and wait, at most `timeout` seconds, for those held to finish."""
+        self.draining = True
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        log.info("stopping: %d requests held, waiting up to %.0f s for them", len(self._pending), timeout)
+        while self._pending and loop.time() < deadline:
+            await asyncio.sleep(0.05)
+        if self._pending:
+            log.warning("%d requests still held after %.0f s: they fail", len(self._pending), timeout)
+
+    async def stop(self) -> None:
+        """Stop every child, fail what is still pending, remove arenas and sockets."""
+        self._stopping = True
+        for child in self.children:
+            child.terminate()
+        await asyncio.to_thread(self._reap_all)
+        for child in self.children:
+            child.close_channel()
+        for pending in list(self._pending.values()):
+            self._finish(pending, ServingError(protocol.ErrorKind.SHUTTING_DOWN, "the server is shutting down"))
+        self._folder.remove()
+
+    def _reap_all(self) -> None:
+        for child in self.children:
+            child.reap(_STOP_TIMEOUT_S)
+
+
+def _tokenized_here(inputs: ModelInputs, idle: bool) -> bool:
+    """Whether the front end tokenizes `inputs` itself: one token-id sequence, one text of
+    at most `INLINE_MAX_CHARS`, or, with nothing else in flight (`idle`), texts of at most
+    `INLINE_IDLE_MAX_CHARS` in all; never pairs or media."""
+    if inputs.query is not None or inputs.media is not None:
+        return False
+    if inputs.texts is None:
+        return len(inputs) == 1
+    chars = sum(len(text) for text in inputs.texts)
+    return (len(inputs) == 1 and chars <= INLINE_MAX_CHARS) or (idle and chars <= INLINE_IDLE_MAX_CHARS)
+
+
+def _within(texts: list[str] | None, limit: int) -> list[str] | None:
+    """`texts`, each cut one character past the `limit` the tokenizer reads of an input (so
+    it still sees that the text was longer): nothing it would not read is sent to it."""
+    if texts is None or all(len(text) <= limit for text in texts):
+        return texts
+    return [text[:limit + 1] for text in texts]
+
+
+def _by_slot(outputs: protocol.Ragged) -> dict[int, np.ndarray]:
+    """The arrays of a `Ragged` message part, by slot."""
+    dtype = descr_to_dtype(outputs.dtype)
+    data = np.frombuffer(outputs.data, dtype=dtype)
+    arrays, start = {}, 0
+    for slot, shape in zip(outputs.slots, outputs.shapes):
+        size = int(np.prod(shape))
+        arrays[slot] = data[start:start + size].reshape(shape)
+        start += size
+    return arrays

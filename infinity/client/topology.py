@@ -1,0 +1,128 @@
+"""Where the server's work runs: the tokenizer processes, one inference process per
+device, and each model's replicas on them (a replica: a model in one inference process,
+with the arena that process writes), placed on the CPUs by `infinity.client.supervisor.plan_cpus`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from infinity.config import ServerConfig
+from infinity.shared import devices, protocol, shm
+from infinity.shared.protocol import ModelSpec
+from infinity.client.supervisor import (SINGLE_THREADED_BLAS, Child, Launch, cpu_quota, plan_cpus, spawn_process,
+                                 usable_cpus)
+
+log = logging.getLogger(__name__)
+
+TOKENIZER_ENTRY_POINT = "workers.preprocess.worker:main"
+INFERENCE_ENTRY_POINT = "workers.inference.worker:main"
+
+# (name, specs, cpus, threads) -> what the child of that name is started with
+ArgsOf = Callable[[str, list[ModelSpec], list[int] | None, int], protocol.WorkerArgs]
+
+
+class Replica:
+    """A model in one inference process (one device), with the arena that process writes."""
+
+    def __init__(self, device: str, child: Child) -> None:
+        self.device = device
+        self.child = child
+        self.info: protocol.ModelInfo | None = None
+        self.arena: shm.Arena | None = None
+        self.outstanding = 0  # inputs sent to it and not yet done
+        self.served = 0  # inputs it has computed
+
+    @property
+    def ready(self) -> bool:
+        return self.child.ready and self.arena is not None
+
+    def attach(self, info: protocol.ModelInfo) -> None:
+        """Map the arena a (re)started inference child created for this model."""
+        self.info = info
+        self.arena = shm.Arena(info.arena, info.slots, 0 if info.ragged else info.dim, create=False)
+
+
+@dataclass
+class Served:
+    """What a model has computed since the server started (read by the metrics)."""
+
+    inputs: int = 0
+    prompt_tokens: int = 0
+    truncated: int = 0
+
+
+class ServedModel:
+    """A model as the front end sees it: its spec (the first replica's; replicas differ
+    only in device), its replicas, and the slot pool they share.
+
+    Every replica's arena has as many rows as the pool has slots, so slots taken at
+    admission are valid in whichever replica runs the request; its result is read from
+    that replica's arena.
+    """
+
+    def __init__(self, spec: ModelSpec, slots: int) -> None:
+        self.spec = spec
+        self.pool = shm.SlotPool(slots)
+        self.replicas: list[Replica] = []
+        self.served = Served()
+
+    @property
+    def ready(self) -> bool:
+        """At least one replica can take requests."""
+        return any(replica.ready for replica in self.replicas)
+
+    @property
+    def info(self) -> protocol.ModelInfo | None:
+        """What the loaded model reports (the same in every replica but for its arena)."""
+        return next((replica.info for replica in self.replicas if replica.info is not None), None)
+
+    def pick(self) -> Replica | None:
+        """The ready replica with the fewest inputs outstanding, or None."""
+        return min((r for r in self.replicas if r.ready), key=lambda r: r.outstanding, default=None)
+
+    def replica_in(self, child: Child) -> Replica:
+        return next(replica for replica in self.replicas if replica.child is child)
+
+
+@dataclass
+class Topology:
+    models: dict[str, ServedModel]  # by name
+    tokenizers: list[Child]
+    inference: list[Child]  # one per device
+
+    @property
+    def children(self) -> list[Child]:
+        return [*self.tokenizers, *self.inference]
+
+
+def place(server: ServerConfig, specs: list[ModelSpec], args_of: ArgsOf, launch: Launch = spawn_process) -> Topology:
+    """The children and replicas for `specs` (one spec per replica: a model on several
+    devices appears once for each), launched by `launch`; every tokenizer process serves
+    every model."""
+    models: dict[str, ServedModel] = {}
+    for spec in specs:
+        models.setdefault(spec.name, ServedModel(spec, server.max_queued_items))
+    all_devices = list(dict.fromkeys(spec.device for spec in specs))
+    cpu_devices = [device for device in all_devices if devices.is_cpu(device)]
+    cpus, quota = usable_cpus(), cpu_quota()
+    if quota is not None and int(quota) < len(cpus):
+        log.info("CPU quota of %.2f cores on %d usable cores: processes sized for %d cores, not pinned",
+                 quota, len(cpus), max(1, int(quota)))
+    plan = plan_cpus(cpus, server.tokenizer_workers, max(1, len(cpu_devices)), quota)
+    placement = dict(zip(cpu_devices, plan.cpu_partitions))
+    first_specs = [model.spec for model in models.values()]
+    tokenizers = [Child(args_of(f"tokenizer-{i}", first_specs, cpus, 1), TOKENIZER_ENTRY_POINT, launch,
+                        SINGLE_THREADED_BLAS)
+                  for i, cpus in enumerate(plan.tokenizer_cpus)]
+    inference = []
+    for device in all_devices:
+        on_device = [spec for spec in specs if spec.device == device]
+        cpus, threads = placement.get(device, (plan.inference_cpus, plan.inference_threads))
+        child = Child(args_of(f"inference-{device}", on_device, cpus, threads), INFERENCE_ENTRY_POINT, launch)
+        inference.append(child)
+        for spec in on_device:
+            models[spec.name].replicas.append(Replica(device, child))
+    return Topology(models, tokenizers, inference)

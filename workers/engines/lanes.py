@@ -1,0 +1,94 @@
+"""How an engine that runs lanes (a single-threaded pass per core: CTranslate2 and ONNX
+Runtime on a CPU) may also keep a copy of the model for passes on every thread: a wide
+pass for a lone input while the other lanes idle, and (CTranslate2) the express lane's
+copy. A copy is made for small models only (`wants_copy`) and kept only where its passes
+measured faster at load (`settle_wide_copy`)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+import torch
+
+
+# A wide pass needs a second copy of the weights, set to use every thread (and CTranslate2's
+# express lane one more, on one thread); they are made for models up to this size only, and kept only if it takes at most this share of a one-lane
+# pass: some engines' wide passes pay, some are borderline, some lose (bench/RESULTS.md,
+# "Figures behind the code's choices").
+WIDE_COPY_MAX_BYTES = 512 * 2**20
+WIDE_COPY_MAX_TIME = 0.85
+WIDE_COPY_TRIES = 3
+WIDE_COPY_PAUSE = 0.3  # seconds between tries
+
+
+def wants_copy(model: Path, lanes: int) -> bool:
+    """Whether an engine with `lanes` lanes should load a second copy of the model in
+    `model` (a folder, or one file of it) for wide passes or the express lane."""
+    files = [model] if model.is_file() else [path for path in model.rglob("*") if path.is_file()]
+    size = sum(path.stat().st_size for path in files)
+    return lanes > 1 and size <= WIDE_COPY_MAX_BYTES
+
+
+def wide_copy_pays(engine: _WithWideCopy, max_length: int) -> bool:
+    """Whether the engine's wide passes over one input of 16 and of 64 tokens take under
+    `WIDE_COPY_MAX_TIME` of one-lane passes, measured as the server runs them: with one
+    torch thread (`workers.engines.set_torch_threads`). They need not: CTranslate2 at int8
+    is slower on 2 threads than on 1 (bench/RESULTS.md, "Lanes"). A wide pass suffers most from a core that is busy
+    elsewhere (at a server's start, the tokenizer processes loading their models), so a
+    copy that does not pay is measured again after a pause, `WIDE_COPY_TRIES` times in
+    all, keeping the best time of each pass."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        best: dict[int, list[float]] = {}  # input length -> best seconds of [wide, one lane]
+        for attempt in range(WIDE_COPY_TRIES):
+            if attempt:
+                time.sleep(WIDE_COPY_PAUSE)
+            for length in {min(16, max_length), min(64, max_length)}:
+                ids = np.full((1, length), engine.pad_id + 1, dtype=np.int64)
+                mask, types = np.ones_like(ids), np.zeros_like(ids)
+                seconds = best_seconds([lambda: engine.forward(ids, mask, types, wide=True),
+                                        lambda: engine.forward(ids, mask, types)])
+                best[length] = [min(pair) for pair in zip(best.get(length, seconds), seconds)]
+            if sum(wide for wide, _ in best.values()) < WIDE_COPY_MAX_TIME * sum(lane for _, lane in best.values()):
+                return True
+        return False
+    finally:
+        torch.set_num_threads(threads)
+
+
+def best_seconds(calls: Sequence[Callable[[], object]], repeats: int = 5) -> list[float]:
+    """The least disturbed of `repeats` timed runs of each call, after one untimed run
+    that pays any one-time costs. Other processes may be busy (at a server's start most of
+    all), so the calls are timed in turns: a disturbance falls on all of them alike."""
+    for call in calls:
+        call()
+    best = [float("inf")] * len(calls)
+    for _ in range(repeats):
+        for index, call in enumerate(calls):
+            start = time.perf_counter()
+            call()
+            best[index] = min(best[index], time.perf_counter() - start)
+    return best
+
+
+class _WithWideCopy(Protocol):
+    """An engine holding its wide copy in `_wide` (None: none) and saying so in `widens`."""
+
+    _wide: object | None
+    widens: bool
+    pad_id: int
+
+    def forward(self, input_ids: np.ndarray, attention_mask: np.ndarray, token_type_ids: np.ndarray,
+                wide: bool = False, express: bool = False) -> torch.Tensor: ...
+
+
+def settle_wide_copy(engine: _WithWideCopy, max_length: int) -> None:
+    """Drop `engine`'s wide copy unless its passes pay (`wide_copy_pays`); then set `widens`."""
+    if engine._wide is not None and not wide_copy_pays(engine, max_length):
+        engine._wide = None
+    engine.widens = engine._wide is not None

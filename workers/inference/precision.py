@@ -1,0 +1,332 @@
+"""The bfloat16 trial at load: where `dtype = "auto"` chose bfloat16 on a CPU that computes
+it natively (`ModelSpec.float32_engine` is set), the model is loaded in bfloat16 on torch
+and in float32 on the engine `auto` would otherwise pick, both run the same built-in
+inputs (64 corpus texts; for a model that sees or hears, also 8 random images, clips'
+features or pages with their prompts), and
+bfloat16 is kept only if, on each kind of input, its vectors stay within a cosine bar of
+float32's and it is faster; else the float32 model serves. The losing model is dropped
+before serving.
+
+The bar (`MEAN_COSINE`, `MIN_COSINE`) is over every output vector (a multi-vector model's,
+every token's). "Faster": more inputs per second in batches of similar ones shared by the
+lanes, with one input at a time taking at most `LONE_SLOWDOWN` times float32's (the median
+over inputs of every length, each after a pause as one client's requests come: on small
+models a pass over a few tokens costs torch more fixed time than CTranslate2, and a pass
+after idle cores finds fewer of its weights in the caches, while batches run several
+times faster: bench/RESULTS.md, "bfloat16 on CPUs").
+
+The trial's figures are kept in the cache directory, keyed by the model's folder, its
+settings, the thread count, the CPU and the libraries' versions: a later start on the same
+machine decides from them without the trial (and without loading the losing model), so
+it serves the same precision as the first and starts as fast as a float32 one. Deleting
+the record (its path is logged) measures again.
+"""
+
+from __future__ import annotations
+
+import gc
+import importlib.metadata
+import logging
+import os
+import tempfile
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import msgspec
+import numpy as np
+import torch
+
+from workers.inference.corpus import sentences
+from infinity.shared.devices import cpu_identity
+from infinity.shared.folders import cache_dir
+from infinity.shared.media import MEDIUM_OF_KIND
+from infinity.shared.protocol import ModelSpec
+from workers.engines.artifacts import fingerprint
+from workers.preprocess.media import media_module
+from workers.preprocess.text import load_tokenizer
+
+if TYPE_CHECKING:
+    from workers.heads import LoadedModel
+
+log = logging.getLogger(__name__)
+
+MEAN_COSINE = 0.9999
+MIN_COSINE = 0.999
+LONE_SLOWDOWN = 1.5
+TRIAL_TEXTS = 64
+TRIAL_BATCH = 8
+TRIAL_MEDIA = 8
+TRIAL_MEDIA_BATCH = 4
+TRIAL_ROUNDS = 2
+SPIN_DOWN_S = 0.3
+TRIAL_LONE_TEXTS = 16  # of the trial's texts, spread over their lengths, timed one at a time
+TRIAL_LONE_MEDIA = 4  # times a lone media item is timed per round
+# Before each lone pass: one client's requests come apart, and the other engine's threads
+# stop spinning (OpenMP waits actively for a fraction of a millisecond after a pass).
+LONE_PAUSE_S = 0.03
+_ITEMS = {"image": "images", "audio": "clips"}  # what the figures call a medium's items
+_SEED = 20261201  # any fixed seed: the same texts on every start
+# How the figures are measured: a change here makes every model's kept figures stale.
+TRIAL_VERSION = "1"
+# The libraries whose speed the figures measure, by the float32 engine they were set against.
+_PACKAGES = {"ctranslate2": ("ctranslate2",), "onnx": ("onnxruntime", "onnxruntime-gpu")}
+
+
+@dataclass(frozen=True)
+class TrialFigures:
+    """bfloat16 against float32 on one kind of the trial's inputs."""
+
+    inputs: str  # "texts", or the media of a model that sees or hears: "images" or "clips"
+    mean_cosine: float
+    min_cosine: float
+    bfloat16_per_s: float  # inputs per second in batches of similar ones shared by the lanes
+    float32_per_s: float
+    bfloat16_lone_ms: float  # one input at a time, each after a pause: the median over the lone inputs
+    float32_lone_ms: float
+
+
+def keeps_bfloat16(trials: list[TrialFigures]) -> tuple[bool, str]:
+    """Whether bfloat16 serves (it must pass on every kind of input), and why (or why not)."""
+    verdicts = []
+    for figures in trials:
+        keep, why = _verdict(figures)
+        if not keep:
+            return False, f"{figures.inputs}: {why}"
+        verdicts.append(f"{figures.inputs}: {why}")
+    return True, "; ".join(verdicts)
+
+
+def _verdict(figures: TrialFigures) -> tuple[bool, str]:
+    what = figures.inputs
+    if figures.mean_cosine < MEAN_COSINE or figures.min_cosine < MIN_COSINE:
+        return False, (f"its vectors are not close enough to float32's (mean cosine {figures.mean_cosine:.6f}, "
+                       f"min {figures.min_cosine:.6f}; the bar is {MEAN_COSINE} and {MIN_COSINE})")
+    if figures.bfloat16_per_s <= figures.float32_per_s:
+        return False, (f"it is not faster ({figures.bfloat16_per_s:.1f} {what}/s against float32's "
+                       f"{figures.float32_per_s:.1f})")
+    if figures.bfloat16_lone_ms > LONE_SLOWDOWN * figures.float32_lone_ms:
+        return False, (f"a lone input is slower ({figures.bfloat16_lone_ms:.1f} ms against float32's "
+                       f"{figures.float32_lone_ms:.1f} ms)")
+    return True, (f"{figures.bfloat16_per_s:.1f} {what}/s against float32's {figures.float32_per_s:.1f}, a lone "
+                  f"input {figures.bfloat16_lone_ms:.1f} ms against {figures.float32_lone_ms:.1f} ms; vectors' cosine "
+                  f"to float32's: mean {figures.mean_cosine:.6f}, min {figures.min_cosine:.6f}")
+
+
+def load_by_trial(spec: ModelSpec, threads: int, load: Callable[[ModelSpec, int], LoadedModel]) -> LoadedModel:
+    """The model `spec` asks for in bfloat16, or in float32 on `spec.float32_engine` if the
+    trial (or its figures kept from an earlier start) says so (`load`: how one spec is loaded)."""
+    assert spec.float32_engine is not None
+    float32_spec = msgspec.structs.replace(
+        spec, engine=spec.float32_engine, dtype="float32", float32_engine=None,
+        fallback_engine="torch" if spec.float32_engine != "torch" else None)
+    bfloat16_spec = msgspec.structs.replace(spec, float32_engine=None, fallback_engine=None)
+    record = trial_record(spec, threads)
+    kept = _read_figures(record)
+    if kept is None:
+        return _load_by_new_trial(spec, float32_spec, bfloat16_spec, threads, load, record)
+    keep, why = keeps_bfloat16(kept)
+    log.info("'%s' serves %s: %s (figures of an earlier start's trial, kept in %s)",
+             spec.name, "bfloat16" if keep else "float32", why, record)
+    if keep:
+        try:
+            return load(bfloat16_spec, threads)
+        except Exception:
+            log.warning("'%s' cannot be loaded in bfloat16; serving float32", spec.name, exc_info=True)
+    return load(float32_spec, threads)
+
+
+def _load_by_new_trial(spec: ModelSpec, float32_spec: ModelSpec, bfloat16_spec: ModelSpec, threads: int,
+                       load: Callable[[ModelSpec, int], LoadedModel], record: Path) -> LoadedModel:
+    exact = load(float32_spec, threads)
+    try:
+        reduced = load(bfloat16_spec, threads)
+        figures = run_trial(spec, reduced, exact, threads)
+    except Exception:
+        # bfloat16 is an option: a model that cannot load or run it is served as it was.
+        log.warning("'%s' cannot be tried in bfloat16; serving float32", spec.name, exc_info=True)
+        return exact
+    _keep_figures(record, figures)
+    keep, why = keeps_bfloat16(figures)
+    log.info("'%s' serves %s: %s", spec.name, "bfloat16" if keep else "float32", why)
+    chosen = reduced if keep else exact
+    del reduced, exact
+    gc.collect()
+    return chosen
+
+
+def trial_record(spec: ModelSpec, threads: int) -> Path:
+    """Where the figures of `spec`'s trial with `threads` threads on this machine are kept."""
+    packages = sorted({"torch", "infinity-serve", *_PACKAGES.get(spec.float32_engine or "", ())})
+    versions = []
+    for package in packages:
+        try:
+            versions.append(f"{package} {importlib.metadata.version(package)}")
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    # The name it is served under and the device do not change what is measured.
+    measured = msgspec.json.encode(msgspec.structs.replace(spec, name="", device="")).decode()
+    source = Path(spec.path)
+    digest = fingerprint(source, {"spec": measured, "threads": str(threads), "cpu": cpu_identity(),
+                                  "libraries": ", ".join(versions), "trial": TRIAL_VERSION})
+    return cache_dir() / "precision" / f"{source.name}-{digest}.json"
+
+
+def _read_figures(record: Path) -> list[TrialFigures] | None:
+    """The figures kept in `record`, or None where there are none (or unreadable ones)."""
+    try:
+        return msgspec.json.decode(record.read_bytes(), type=list[TrialFigures])
+    except FileNotFoundError:
+        return None
+    except (OSError, msgspec.DecodeError, msgspec.ValidationError) as exc:
+        log.warning("trial figures in %s cannot be read (%s); trying again", record, exc)
+        return None
+
+
+def _keep_figures(record: Path, figures: list[TrialFigures]) -> None:
+    """Write `figures` to `record` whole or not at all; a cache that cannot be written
+    only costs the next start its trial."""
+    staging = None
+    try:
+        record.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=record.parent, prefix=".trial-", delete=False) as staging:
+            staging.write(msgspec.json.encode(figures))
+        os.replace(staging.name, record)
+    except OSError as exc:
+        log.warning("trial figures cannot be kept in %s: %s", record, exc)
+        if staging is not None:
+            Path(staging.name).unlink(missing_ok=True)
+
+
+# Runs one batch (or one lone input) of a trial on a model, giving its output.
+Pass = Callable[["LoadedModel"], object]
+
+
+@dataclass(frozen=True)
+class _Inputs:
+    name: str
+    batches: list[Pass]
+    sizes: list[int]  # inputs per batch
+    lones: list[Pass]  # inputs run one at a time, in turn
+
+
+def run_trial(spec: ModelSpec, reduced: LoadedModel, exact: LoadedModel, threads: int) -> list[TrialFigures]:
+    """Run both models on the trial's texts (and the media of a model that sees or hears):
+    per kind of input, their vectors' cosines and their speeds."""
+    trials = [_texts(spec, reduced.engine.pad_id)]
+    if spec.kind in MEDIUM_OF_KIND:
+        trials.append(_media(spec))
+    return [_measure(inputs, {"bfloat16": reduced, "float32": exact}, threads) for inputs in trials]
+
+
+def _texts(spec: ModelSpec, pad_id: int) -> _Inputs:
+    tokenizer = load_tokenizer(spec)
+    tokenizer.enable_truncation(spec.max_length)
+    # Batches of similar lengths, as the scheduler groups them.
+    encodings = sorted(tokenizer.encode_batch(sentences(TRIAL_TEXTS, _SEED)), key=len)
+    batches = [_padded([e.ids for e in encodings[i:i + TRIAL_BATCH]], pad_id)
+               for i in range(0, len(encodings), TRIAL_BATCH)]
+    step = max(len(encodings) // TRIAL_LONE_TEXTS, 1)
+    lones = [partial(_forward, batch=_padded([e.ids], pad_id), lone=True) for e in encodings[::step]]
+    return _Inputs("texts", [partial(_forward, batch=batch) for batch in batches], [len(b[0]) for b in batches],
+                   lones)
+
+
+def _media(spec: ModelSpec) -> _Inputs:
+    """Random features in the shape of the model's media (pixels, spectrograms, a page
+    model's patches, with its prompts): bfloat16's rounding shows on any values; blank
+    ones would all give one vector."""
+    example = media_module(spec.kind).example_features(spec, TRIAL_MEDIA)
+    features = np.random.default_rng(_SEED).standard_normal(example.features.shape).astype(np.float32)
+    rows = len(features) // TRIAL_MEDIA  # an item's rows: 1, or its patches where items are flattened
+
+    def items(start: int, count: int) -> Pass:
+        ids = None if example.input_ids is None else example.input_ids[start:start + count]
+        grid = None if example.grid is None else example.grid[start:start + count]
+        return partial(_forward_media, features=features[start * rows:(start + count) * rows], ids=ids, grid=grid)
+
+    starts = range(0, TRIAL_MEDIA, TRIAL_MEDIA_BATCH)
+    return _Inputs(_ITEMS[MEDIUM_OF_KIND[spec.kind]], [items(start, TRIAL_MEDIA_BATCH) for start in starts],
+                   [TRIAL_MEDIA_BATCH] * len(starts), [items(0, 1)] * TRIAL_LONE_MEDIA)
+
+
+def _forward(model: LoadedModel, batch: tuple[np.ndarray, ...], lone: bool = False) -> object:
+    return model.forward(*batch, wide=lone and model.engine.widens)
+
+
+def _forward_media(model: LoadedModel, features: np.ndarray, ids: np.ndarray | None,
+                   grid: np.ndarray | None) -> object:
+    if ids is None:
+        return model.forward_media(features)
+    return model.forward_media(features, ids, np.ones_like(ids), np.zeros_like(ids), grid=grid)
+
+
+def _measure(inputs: _Inputs, models: dict[str, LoadedModel], threads: int) -> TrialFigures:
+    outputs, per_s, lone_ms = {}, {name: 0.0 for name in models}, {name: [] for name in models}
+    for name, model in models.items():
+        _size_torch_threads(model, threads)
+        outputs[name] = [run(model) for run in inputs.batches]  # also the warm-up of these shapes
+        for lone in inputs.lones:
+            lone(model)
+    # Rounds alternate the models and keep each one's best: one engine's threads spin for a
+    # while after its pass (OpenMP's block time) and would slow the other's first pass.
+    for _ in range(TRIAL_ROUNDS):
+        for name, model in models.items():
+            time.sleep(SPIN_DOWN_S)
+            _size_torch_threads(model, threads)
+            per_s[name] = max(per_s[name], _per_second(model, inputs))
+        # Lone inputs alternate the models input by input, so the machine's drift falls on both.
+        for lone in inputs.lones:
+            for name, model in models.items():
+                _size_torch_threads(model, threads)
+                time.sleep(LONE_PAUSE_S)
+                lone_ms[name].append(_milliseconds(partial(lone, model)))
+    cosines = _row_cosines(outputs["bfloat16"], outputs["float32"])
+    lone = {name: float(np.median(times)) for name, times in lone_ms.items()}
+    return TrialFigures(inputs.name, float(cosines.mean()), float(cosines.min()), per_s["bfloat16"],
+                        per_s["float32"], lone["bfloat16"], lone["float32"])
+
+
+def _size_torch_threads(model: LoadedModel, threads: int) -> None:
+    # As the inference process will (workers.engines.set_torch_threads): lanes share no pool.
+    torch.set_num_threads(threads if model.engine.lanes == 1 else 1)
+
+
+def _padded(sequences: list[list[int]], pad_id: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    longest = max(len(s) for s in sequences)
+    ids = np.full((len(sequences), longest), pad_id, dtype=np.int64)
+    mask = np.zeros_like(ids)
+    for row, sequence in enumerate(sequences):
+        ids[row, :len(sequence)] = sequence
+        mask[row, :len(sequence)] = 1
+    return ids, mask, np.zeros_like(ids)
+
+
+def _per_second(model: LoadedModel, inputs: _Inputs) -> float:
+    """The batches shared by the lanes."""
+    with ThreadPoolExecutor(model.engine.lanes) as pool:
+        start = time.perf_counter()
+        list(pool.map(lambda run: run(model), inputs.batches))
+        took = time.perf_counter() - start
+    return sum(inputs.sizes) / took
+
+
+def _milliseconds(run: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    run()
+    return (time.perf_counter() - start) * 1e3
+
+
+def _row_cosines(reduced: list, exact: list) -> np.ndarray:
+    """The cosine of each output vector to its float32 counterpart (every token's, for
+    outputs with a vector per token)."""
+    def rows(outputs: list) -> np.ndarray:
+        return np.vstack([np.vstack(output) if isinstance(output, list) else output for output in outputs]
+                         ).astype(np.float64)
+
+    a, b = rows(reduced), rows(exact)
+    return (a * b).sum(axis=1) / np.maximum(np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1), 1e-30)
