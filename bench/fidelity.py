@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from functools import partial
 
 import numpy as np
 
@@ -22,8 +21,8 @@ from infinity.config import ModelConfig
 from infinity.folders.resolve import resolve_model
 from workers.inference.corpus import sentences
 from workers.heads import LoadedModel, load_model
-from workers.inference.precision import _forward, _Inputs, _lone_ms, _padded, _per_second, _row_cosines, _size_torch_threads
-from workers.preprocess.text import load_tokenizer
+from workers.inference.precision import (TrialInputs, milliseconds, per_second, row_cosines, size_torch_threads,
+                                         text_inputs)
 
 REFERENCE = "torch:float32"
 DEFAULT_PRECISIONS = ("ctranslate2:float32", "ctranslate2:int8", "onnx:int8", "torch:bfloat16")
@@ -31,8 +30,8 @@ BATCH = 32
 NEIGHBOURS = 10
 
 
-def encode(model: LoadedModel, batches: list[tuple[np.ndarray, ...]]) -> np.ndarray:
-    return np.vstack([np.asarray(model.forward(*batch)) for batch in batches]).astype(np.float64)
+def encode(model: LoadedModel, inputs: TrialInputs) -> np.ndarray:
+    return np.vstack([np.asarray(run(model)) for run in inputs.batches]).astype(np.float64)
 
 
 def neighbour_overlap(vectors: np.ndarray, reference: np.ndarray) -> float:
@@ -65,17 +64,12 @@ def main(argv: list[str] | None = None) -> int:
 
     reference = load(REFERENCE)
     spec = resolve_model(ModelConfig(name="model", **({"source": args.model_dir} if args.model_dir else {})))
-    tokenizer = load_tokenizer(spec)
-    tokenizer.enable_truncation(spec.max_length)
-    encodings = sorted(tokenizer.encode_batch(sentences(args.texts, 7)), key=len)
-    batches = [_padded([e.ids for e in encodings[i:i + BATCH]], reference.engine.pad_id)
-               for i in range(0, len(encodings), BATCH)]
-    lone = _padded([encodings[len(encodings) // 4].ids], reference.engine.pad_id)
-    # Timed as the bfloat16 trial times its inputs (workers/inference/precision.py).
-    timed = _Inputs("texts", [partial(_forward, batch=batch) for batch in batches], [len(b[0]) for b in batches],
-                    partial(_forward, batch=lone, lone=True))
-    _size_torch_threads(reference, args.threads)
-    exact = encode(reference, batches)
+    # Timed as the bfloat16 trial times its inputs (workers/inference/precision.py); the lone
+    # sentence is one of the shorter quarter.
+    timed = text_inputs(spec, reference.engine.pad_id, sentences(args.texts, 7), BATCH, 4)
+    lone = timed.lones[1]
+    size_torch_threads(reference, args.threads)
+    exact = encode(reference, timed)
     rows = []
     for choice in [REFERENCE, *precisions]:
         try:
@@ -84,13 +78,13 @@ def main(argv: list[str] | None = None) -> int:
             rows.append({"precision": choice, "error": f"{type(exc).__name__}: {exc}"})
             print(f"{choice}: cannot load ({exc})", file=sys.stderr, flush=True)
             continue
-        _size_torch_threads(model, args.threads)
-        vectors = encode(model, batches)  # also the warm-up of these shapes
-        cosines = _row_cosines([vectors], [exact])
+        size_torch_threads(model, args.threads)
+        vectors = encode(model, timed)  # also the warm-up of these shapes
+        cosines = row_cosines([vectors], [exact])
         rows.append({"precision": choice, "engine": model.engine.name, "mean_cosine": float(cosines.mean()),
                      "min_cosine": float(cosines.min()), "top10_overlap": neighbour_overlap(vectors, exact),
-                     "sentences_per_s": max(_per_second(model, timed) for _ in range(2)),
-                     "lone_ms": _lone_ms(model, timed.lone)})
+                     "sentences_per_s": max(per_second(model, timed) for _ in range(2)),
+                     "lone_ms": min(milliseconds(lambda: lone(model)) for _ in range(20))})
         print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
     if args.json:
         print(json.dumps(rows, indent=2))

@@ -16,6 +16,7 @@ from typing import Any, Literal
 import msgspec
 
 from infinity.shared.devices import normalise as normalise_device
+from infinity.shared.kinds import ENGINE_OUTPUTS, KINDS
 
 DEFAULT_MODEL_SOURCE = "default"
 DEFAULT_MODEL_NAME = "all-MiniLM-L6-v2"
@@ -23,8 +24,8 @@ DEFAULT_MODEL_NAME = "all-MiniLM-L6-v2"
 Pooling = Literal["mean", "cls", "lasttoken"]
 # What an embedding is answered as (infinity/api/quantize.py).
 EmbeddingType = Literal["float", "int8", "uint8", "binary", "ubinary"]
-ModelKind = Literal["auto", "embed", "rerank", "classify", "multivector", "sparse", "image_text", "audio_text",
-                    "image_multivector"]
+ModelKind = Literal[("auto", *KINDS)]  # type: ignore[valid-type]
+EngineChoice = Literal[(*ENGINE_OUTPUTS, "auto")]  # type: ignore[valid-type]
 
 
 class ConfigError(ValueError):
@@ -39,7 +40,7 @@ class ModelConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     kind: ModelKind = "auto"
     # One device, or several: one replica of the model on each (see infinity/shared/devices.py).
     device: str | list[str] = "cpu"
-    engine: Literal["torch", "onnx", "ctranslate2", "auto"] = "auto"
+    engine: EngineChoice = "auto"
     # Each engine takes some: torch float32|float16|bfloat16, onnx float32|int8 (CPU)|float16 (CUDA),
     # ctranslate2 float32|float16|int8|int8_float16; others fail the start naming the engine.
     dtype: Literal["float32", "float16", "bfloat16", "int8", "int8_float16", "auto"] = "auto"
@@ -109,7 +110,7 @@ class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     # Output type of embeddings when a request names none (see infinity/api/quantize.py).
     embedding_type: EmbeddingType = "float"
     # On CPUs that compute bfloat16 natively, `dtype = "auto"` lets a model whose outputs
-    # are vectors (infinity.folders.resolve.BFLOAT16_TRIAL_KINDS) run in bfloat16 where a trial at
+    # are vectors (the kinds table's `bfloat16_trial`) run in bfloat16 where a trial at
     # load finds it faster and its vectors within a cosine of float32's
     # (workers/inference/precision.py); false: float32 always.
     auto_bfloat16: bool = True

@@ -17,7 +17,7 @@ from tests.tiny_models import save_tiny_bert, save_tiny_clap, save_tiny_clip, sa
 from workers.engines import torch_threads
 from workers.heads import load_model
 from workers.inference.calibration import warm_up_media
-from workers.preprocess.media import media_module
+from workers.preprocess.media import feature_items, media_module
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -33,13 +33,11 @@ def test_two_single_threaded_passes_at_once_give_the_vectors_of_one_wide_pass(tm
                                      dtype="float32"))
     model = load_model(spec, threads=2)
     assert model.engine.on_caller_threads
-    example = media_module(spec.kind).example_features(spec, 4)
+    module = media_module(spec.kind)
+    _, items = feature_items(module.example(spec, 4))
 
     def forward(rows: slice) -> np.ndarray | list[np.ndarray]:
-        ids = example.input_ids
-        prompts = () if ids is None else (ids[rows], np.ones_like(ids[rows]), np.zeros_like(ids[rows]))
-        grid = None if example.grid is None else example.grid[rows]
-        return model.forward_media(example.features[rows], *prompts, grid=grid)
+        return model.forward_media(module.collate(items[rows], pad_id=model.engine.pad_id))
 
     _assert_lanes_give_the_wide_vectors(lambda rows: _rows(forward(rows)), 4)
 

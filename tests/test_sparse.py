@@ -254,7 +254,7 @@ def test_the_torch_engine_gives_the_masked_language_model_logits_padding_free(fo
     import msgspec
     from transformers import BertForMaskedLM
 
-    from workers.engines.base import RawOutput
+    from infinity.shared.kinds import TEXT, RawOutput
     from workers.engines.ctranslate2_engine import CTranslate2Engine
     from workers.heads import load_model
 
@@ -270,7 +270,7 @@ def test_the_torch_engine_gives_the_masked_language_model_logits_padding_free(fo
     keep = torch.from_numpy(mask).bool()
     torch.testing.assert_close(logits[keep], expected[keep], atol=1e-5, rtol=1e-5)
     with pytest.raises(ValueError, match="masked-language-model"):
-        CTranslate2Engine(msgspec.structs.replace(spec, engine="ctranslate2"), 1, RawOutput.TOKEN_LOGITS)
+        CTranslate2Engine(msgspec.structs.replace(spec, engine="ctranslate2"), 1, {TEXT: RawOutput.TOKEN_LOGITS})
 
 
 # --- what is refused at start --------------------------------------------------------------------

@@ -30,8 +30,9 @@ from infinity.client.engine_client import EngineClient, StartupError
 from infinity.api.routes import ROUTES, Route
 from infinity.api.media_fetch import MediaFetcher
 from infinity.api.metrics import METRICS, Metrics, record_request, serve_metrics
-from infinity.api.routes.common import CONFIG, FETCHER, ENGINE_CLIENT
+from infinity.api.routes.common import CONFIG, ENGINE_CLIENT, FETCHER, KIND_ROUTES
 from infinity.api.decode import decode_body
+from infinity.shared.kinds import KINDS
 from infinity.shared.protocol import ModelSpec
 from infinity.client.supervisor import Launch, spawn_process
 
@@ -64,6 +65,8 @@ def create_app(config: Config, specs: list[ModelSpec], launch: Launch = spawn_pr
         op = route.operation
         for path in (op.path, *op.aliases):
             app.router.add_route(op.method.upper(), server.url_prefix + path, _handler(route))
+    app[KIND_ROUTES] = {kind: [f"{op.method.upper()} {op.path}" for op in (route.operation for route in ROUTES)
+                               if kind in op.kinds] for kind in KINDS}
     names: dict[str, list[str]] = {}  # the served models of each kind
     for spec in specs:
         if spec.name not in names.setdefault(spec.kind, []):

@@ -30,7 +30,7 @@ from infinity.client.supervisor import Child, Launch, spawn_process
 from infinity.client.topology import Replica, ServedModel, place
 from infinity.config import MediaConfig, ServerConfig
 from infinity.shared import protocol, shm
-from infinity.shared.media import PROCESSOR_TEXT_KINDS
+from infinity.shared.kinds import KINDS
 from infinity.shared.protocol import ModelSpec
 
 # The one path by which worker code runs in the front end: small requests are tokenized
@@ -95,7 +95,7 @@ class _Pending:
     replica: Replica | None = None  # where it was sent to run
     prompt_tokens: int = 0
     truncated: int = 0
-    image_info: list[protocol.ImageInfo] | None = None
+    info: list[protocol.ImageInfo] | None = None  # what each input was as sent, where that says something
     abandoned: bool = False  # the client went away (or was answered with an error)
 
 
@@ -110,7 +110,7 @@ class Result:
     prompt_tokens: int
     truncated: int
     ragged: dict[int, np.ndarray] | None = None  # outputs that vary in size, by slot (not in the arena)
-    image_info: list[protocol.ImageInfo] | None = None  # what each input image was, for images
+    info: list[protocol.ImageInfo] | None = None  # what each input was as sent (images: their size and format)
     _released: bool = field(default=False, repr=False)
 
     @property
@@ -171,7 +171,7 @@ class EngineClient:
         does not load here is left to the tokenizer processes (which report why at start)."""
         tokenizers = {}
         for spec in specs:
-            if spec.kind == "rerank" or spec.kind in PROCESSOR_TEXT_KINDS:
+            if KINDS[spec.kind].pairs or KINDS[spec.kind].text_by_processor:
                 continue
             try:
                 tokenizers[spec.name] = model_tokenizer(spec)
@@ -214,7 +214,8 @@ class EngineClient:
         if self._stopping or self.draining:
             raise ServingError(protocol.ErrorKind.SHUTTING_DOWN, "the server is shutting down")
         if not model.ready:
-            raise ServingError(protocol.ErrorKind.MODEL_NOT_READY, f"model '{model.spec.name}' is not ready yet; retry shortly")
+            raise ServingError(protocol.ErrorKind.MODEL_NOT_READY,
+                               f"model '{model.spec.name}' is not ready yet; retry shortly")
         inline = self._inline.get(model.spec.name) if _tokenized_here(inputs, idle=not self._pending) else None
         tokenizer = None if inline is not None else self._pick_tokenizer()
         slots = model.pool.take(len(inputs))
@@ -302,15 +303,13 @@ class EngineClient:
             self._finish(pending, ServingError(protocol.ErrorKind.MODEL_NOT_READY,
                                                f"model '{model.spec.name}' is restarting; retry shortly"))
             return
-        pending.prompt_tokens = sum(message.lengths) - message.added
+        pending.prompt_tokens = message.inputs.billed
         pending.truncated = message.truncated
-        pending.image_info = message.image_info
+        pending.info = message.inputs.info
         pending.holder = replica.child
         pending.replica = replica
         replica.outstanding += len(pending.slots)
-        replica.child.send(protocol.Infer(message.request_id, model.spec.name, message.ids,
-                                          message.lengths, pending.slots, message.type_ids, message.masks,
-                                          message.features, message.feature_shape, message.feature_grid))
+        replica.child.send(protocol.Infer(message.request_id, model.spec.name, pending.slots, message.inputs))
 
     def _on_done(self, message: protocol.Done) -> None:
         pending = self._take(message.request_id)
@@ -328,8 +327,7 @@ class EngineClient:
         served.truncated += pending.truncated
         ragged = None if message.outputs is None else _by_slot(message.outputs)
         pending.future.set_result(Result(pending.model, replica.arena, pending.slots,
-                                         pending.prompt_tokens, pending.truncated, ragged,
-                                         pending.image_info))
+                                         pending.prompt_tokens, pending.truncated, ragged, pending.info))
 
     def _on_batch_ran(self, message: protocol.BatchRan) -> None:
         self.on_batch_ran(message)

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from infinity.config import ServerConfig
 from infinity.shared import devices, protocol, shm
+from infinity.shared.kinds import KINDS, KindSpec
 from infinity.shared.protocol import ModelSpec
 from infinity.client.supervisor import (SINGLE_THREADED_BLAS, Child, Launch, cpu_quota, plan_cpus, spawn_process,
                                  usable_cpus)
@@ -68,6 +69,11 @@ class ServedModel:
         self.pool = shm.SlotPool(slots)
         self.replicas: list[Replica] = []
         self.served = Served()
+
+    @property
+    def kind(self) -> KindSpec:
+        """What its kind serves and how (`infinity.shared.kinds`)."""
+        return KINDS[self.spec.kind]
 
     @property
     def ready(self) -> bool:

@@ -18,7 +18,8 @@ from pathlib import Path
 
 from tokenizers import Tokenizer
 
-from infinity.config import ConfigError
+from infinity.config import ConfigError, ModelConfig
+from infinity.folders import ModelFolder
 from infinity.shared.folders import special_token
 from infinity.shared.protocol import TaskEncoding
 
@@ -37,6 +38,16 @@ class MultiVectorFolder:
     similarity: str  # "maxsim" or "meanmaxsim"
     projection: str | None  # a folder whose weights hold the projection (`linear.*`); None: none
     normalize: bool
+
+
+def detect(folder: ModelFolder) -> str | None:
+    return "multivector" if is_multivector(folder.root, folder.modules, folder.config) else None
+
+
+def settings(model: ModelConfig, folder: ModelFolder, kind: str) -> dict:
+    read = read_folder(folder.root, folder.modules, folder.max_length)
+    return {"tasks": read.tasks, "similarity": read.similarity, "projection": read.projection,
+            "normalize": read.normalize}
 
 
 def is_multivector(folder: Path, modules: dict[str, str], config: dict) -> bool:

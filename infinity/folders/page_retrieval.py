@@ -8,10 +8,23 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from infinity.config import ConfigError
+from infinity.config import ConfigError, ModelConfig
+from infinity.folders import ModelFolder
 
 SERVED_ARCHITECTURES = ("ColPaliForRetrieval", "ColQwen2ForRetrieval")
 _ENGINE_FORMATS = ("ColPali", "ColQwen2", "ColQwen2_5", "ColIdefics3")
+
+
+def detect(folder: ModelFolder) -> str | None:
+    return "image_multivector" if is_page_retrieval(folder.transformer, folder.config) else None
+
+
+def settings(model: ModelConfig, folder: ModelFolder, kind: str) -> dict:
+    if not is_page_retrieval(folder.transformer, folder.config):
+        raise ConfigError(f"model '{model.name}': kind = \"image_multivector\" needs a page-retrieval folder "
+                          f"(ColPali); {folder.transformer} is {folder.config.get('model_type')}")
+    refuse_unserved(model.name, folder.transformer, folder.config)
+    return {}
 
 
 def is_page_retrieval(folder: Path, config: dict) -> bool:
@@ -19,7 +32,8 @@ def is_page_retrieval(folder: Path, config: dict) -> bool:
     architectures = config.get("architectures") or []
     return (config.get("model_type") in ("colpali", "colqwen2")
             or any(a in SERVED_ARCHITECTURES + _ENGINE_FORMATS or a.endswith("ForRetrieval") for a in architectures)
-            or (folder / "adapter_config.json").is_file() and "colpali" in (folder / "adapter_config.json").read_text().lower())
+            or (folder / "adapter_config.json").is_file()
+            and "colpali" in (folder / "adapter_config.json").read_text().lower())
 
 
 def refuse_unserved(name: str, folder: Path, config: dict) -> None:

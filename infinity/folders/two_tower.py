@@ -13,7 +13,8 @@ from pathlib import Path
 
 from tokenizers import Tokenizer
 
-from infinity.config import ConfigError
+from infinity.config import ConfigError, ModelConfig
+from infinity.folders import ModelFolder
 from infinity.shared.folders import special_token
 from infinity.shared.protocol import TaskEncoding
 
@@ -28,6 +29,20 @@ LEGACY_CLIP_EOS = 2
 
 # Audio-text families, by config.json's model_type.
 AUDIO_TEXT_FAMILIES = ("clap",)
+
+
+def detect(folder: ModelFolder) -> str | None:
+    return two_tower_kind(folder.config)
+
+
+def settings(model: ModelConfig, folder: ModelFolder, kind: str) -> dict:
+    """A two-tower model's text encoding (image-text models: `text_tasks`), after checking
+    the folder is of `kind`."""
+    if two_tower_kind(folder.config) != kind:
+        families = IMAGE_TEXT_FAMILIES if kind == "image_text" else AUDIO_TEXT_FAMILIES
+        raise ConfigError(f"model '{model.name}': kind = \"{kind}\" needs a two-tower folder "
+                          f"({', '.join(families)}); {folder.transformer} is {folder.config.get('model_type')}")
+    return {"tasks": text_tasks(model.name, folder.transformer, folder.config)} if kind == "image_text" else {}
 
 
 def is_image_text(config: dict) -> bool:

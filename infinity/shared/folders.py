@@ -1,14 +1,17 @@
 """What both sides read of a model: where the server caches files (models extracted or
 downloaded, converted engines), the label count of a classification config, the special
-tokens its tokenizer names, the patches
-of a two-tower model's images, and the families CTranslate2 converts (the front end's
-`engine = "auto"` picks it for them, its engine refuses others)."""
+tokens its tokenizer names, the patches of a two-tower model's images, and whether an
+engine can serve a model (the front end's `engine = "auto"` and its check of a chosen
+engine, and the engine itself at load, ask the same `engine_refusal`)."""
 
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
+
+from infinity.shared.kinds import RAW_OUTPUT_MEANING, RawOutput, lacking
 
 
 def cache_dir() -> Path:
@@ -38,3 +41,28 @@ def image_patches(config: dict) -> int:
 # model_type values of the encoder families CTranslate2's converter handles (and whose
 # classification heads its engine knows).
 CTRANSLATE2_FAMILIES = ("bert", "roberta", "xlm-roberta", "camembert")
+
+
+def engine_refusal(engine: str, outputs: Mapping[str, RawOutput], config: dict,
+                   reads_unattended_states: bool = False) -> str | None:
+    """Why `engine` cannot give a model whose config.json is `config` the raw `outputs` its
+    kind asks (`infinity.shared.kinds.KindSpec.outputs`), or None: an output it does not
+    compute (`ENGINE_OUTPUTS`); for CTranslate2, a family its converter does not handle, or
+    tokens whose states are read without being attended to (ColBERT's query expansion),
+    which it cannot compute."""
+    missing = lacking(engine, outputs)
+    if missing:
+        return f"the {engine} engine cannot compute {RAW_OUTPUT_MEANING[missing[0]]}"
+    if engine != "ctranslate2":
+        return None
+    family = config.get("model_type")
+    if family not in CTRANSLATE2_FAMILIES:
+        return f"the ctranslate2 engine serves the {', '.join(CTRANSLATE2_FAMILIES)} families; this model is {family}"
+    # What its converter requires; transformers 5 writes no key: absolute positions.
+    if config.get("position_embedding_type", "absolute") != "absolute":
+        return ("the ctranslate2 engine converts absolute positions only; this model has "
+                f"{config['position_embedding_type']}")
+    if reads_unattended_states:
+        return ("the ctranslate2 engine computes attended tokens only; this model reads the states of tokens it does "
+                "not attend to (query expansion)")
+    return None

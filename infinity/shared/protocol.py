@@ -12,6 +12,10 @@ Flow of one request:
     front end --Cancel--> inference (the client went away)
 and, once per child at start, `Ready` (or `StartupFailed`) to the front end. A child is
 started with `WorkerArgs`, which carries the `ModelSpec` of each model it serves.
+
+A request's inputs, once made ready for the model, are one `Inputs` value (token ids, or
+named feature arrays) that the front end relays from `Tokenized` into `Infer` untouched:
+a new input field is made by a preprocessor and read by an engine, nothing between.
 """
 
 from __future__ import annotations
@@ -19,6 +23,10 @@ from __future__ import annotations
 import enum
 
 import msgspec
+import numpy as np
+from numpy.lib.format import descr_to_dtype, dtype_to_descr
+
+from infinity.shared.kinds import Kind
 
 
 class TaskEncoding(msgspec.Struct, frozen=True):
@@ -48,7 +56,7 @@ class ModelSpec(msgspec.Struct, frozen=True):
     one replica: a model on several devices has one spec per device, alike but for `device`."""
 
     name: str
-    kind: str  # "embed", "rerank", "classify", "multivector" or "sparse"
+    kind: Kind  # infinity/shared/kinds.py
     path: str  # folder with config.json, weights and the tokenizer
     device: str  # normalised: "cpu", "cpu:1", "cuda:0", "rocm:0", "mps" (infinity/shared/devices.py)
     engine: str
@@ -112,7 +120,7 @@ class ModelInfo(msgspec.Struct, frozen=True, array_like=True):
     """What the front end needs to know of a loaded model."""
 
     name: str
-    kind: str
+    kind: Kind
     # Floats per input (per token if `ragged`): embedding size, 1 for a reranker, labels of
     # a classifier; a sparse model's vocabulary size (the range of its indices).
     dim: int
@@ -165,27 +173,77 @@ class ImageInfo(msgspec.Struct, array_like=True):
     bit_depth: int
 
 
-class Tokenized(msgspec.Struct, tag=True, array_like=True):
-    """Token ids of every input of a request, concatenated as int32 little-endian."""
+class TokenInputs(msgspec.Struct, tag="tokens", array_like=True):
+    """A request's inputs as token ids, concatenated as int32 little-endian, `lengths` long
+    each: what each costs a pass is its length."""
 
-    request_id: int
     ids: bytes
     lengths: list[int]
-    # How many inputs were cut to the model's maximum length.
-    truncated: int
     # Segment of each token (int8), for query-document pairs; None: all zero.
     type_ids: bytes | None = None
     masks: TokenMasks | None = None
     added: int = 0  # tokens added by query expansion: in `lengths`, not billed
-    # Media ready for the model's media tower (float32, C order, of `feature_shape`, one row
-    # per item: an image's pixels, a clip's spectrogram); `lengths` then holds each item's
-    # cost (an image's patches, a clip's spectrogram frames) and `ids` is empty.
-    features: bytes | None = None
-    feature_shape: list[int] | None = None
-    image_info: list[ImageInfo] | None = None  # each image as it was sent
-    # Each image's patch grid (frames, rows, columns) where images vary in size (ColQwen2's
-    # `image_grid_thw`); its rows of `features` beyond the grid's patches are padding.
-    feature_grid: list[list[int]] | None = None
+
+    @property
+    def billed(self) -> int:
+        """Tokens the request is billed (`usage`)."""
+        return sum(self.lengths) - self.added
+
+    @property
+    def info(self) -> None:
+        """What each input was as sent: nothing to say of texts."""
+        return None
+
+
+class ArrayPart(msgspec.Struct, array_like=True):
+    """One named array of a request's features (a transformers model's input name:
+    "pixel_values", "input_features", "input_ids", "image_grid_thw", ...), its dtype as
+    numpy describes it ("<f4") and its shape, the bytes in C order. Each item's share: a
+    row of the first axis, or with `rows`, that many rows each, in item order."""
+
+    name: str
+    dtype: str
+    shape: list[int]
+    data: bytes
+    rows: list[int] | None = None
+
+    @classmethod
+    def of(cls, name: str, array: np.ndarray, rows: list[int] | None = None) -> ArrayPart:
+        array = np.ascontiguousarray(array)
+        return cls(name, dtype_to_descr(array.dtype), list(array.shape), array.tobytes(), rows)
+
+    def array(self) -> np.ndarray:
+        return np.frombuffer(self.data, dtype=descr_to_dtype(self.dtype)).reshape(self.shape)
+
+
+class FeatureInputs(msgspec.Struct, tag="features", array_like=True):
+    """A request's inputs as features a preprocessor made for the model's media tower
+    (an image's pixels, a clip's spectrogram, a page's pixels with its prompt's tokens):
+    what each item costs a pass and is billed (an image's patches, a clip's frames, a
+    page's tokens), and what each was as sent."""
+
+    arrays: list[ArrayPart]
+    costs: list[int]
+    info: list[ImageInfo] | None = None  # each item as it was sent (images: what Cohere answers)
+
+    @property
+    def billed(self) -> int:
+        """What the request is billed (`usage`)."""
+        return sum(self.costs)
+
+
+# The inputs of a request as the model takes them: relayed by the front end untouched from
+# the tokenizer process that made them to the inference process that runs them.
+Inputs = TokenInputs | FeatureInputs
+
+
+class Tokenized(msgspec.Struct, tag=True, array_like=True):
+    """The inputs of a request made ready for its model; `truncated`: how many were cut to
+    the model's maximum length."""
+
+    request_id: int
+    inputs: Inputs
+    truncated: int = 0
 
 
 class Infer(msgspec.Struct, tag=True, array_like=True):
@@ -194,14 +252,8 @@ class Infer(msgspec.Struct, tag=True, array_like=True):
 
     request_id: int
     model: str
-    ids: bytes
-    lengths: list[int]
     slots: list[int]
-    type_ids: bytes | None = None
-    masks: TokenMasks | None = None
-    features: bytes | None = None  # as in `Tokenized`
-    feature_shape: list[int] | None = None
-    feature_grid: list[list[int]] | None = None
+    inputs: Inputs
 
 
 class Cancel(msgspec.Struct, tag=True, array_like=True):

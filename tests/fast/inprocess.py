@@ -30,7 +30,8 @@ from infinity.shared.protocol import ModelSpec, WorkerArgs
 from infinity.client.topology import INFERENCE_ENTRY_POINT, TOKENIZER_ENTRY_POINT
 from workers.inference import worker as inference_worker
 from workers.preprocess import worker as tokenizer_worker
-from workers.engines.base import RawOutput, pad_id
+from infinity.shared.kinds import KINDS, TEXT, RawOutput
+from workers.engines.base import pad_id
 from workers.heads import LoadedModel, load_head
 
 log = logging.getLogger(__name__)
@@ -138,7 +139,7 @@ class ThreadLauncher:
 
     def _load(self, spec: ModelSpec, threads: int) -> LoadedModel:
         head = load_head(spec)
-        return LoadedModel(FakeEngine(spec, head.output, head.dim, self.gate), head, spec.dtype)
+        return LoadedModel(FakeEngine(spec, KINDS[spec.kind].outputs[TEXT], head.dim, self.gate), head, spec.dtype)
 
 
 @contextlib.asynccontextmanager

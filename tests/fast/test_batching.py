@@ -1,5 +1,6 @@
-"""Unit tests of the inference process's scheduler: token budget, count cap, length
-sorting, the pass cost model, fairness, cancellation."""
+"""Unit tests of the inference process's scheduler (budget of cost, count cap, cost
+sorting, the pass cost model, fairness, cancellation), of a text batch's collation, and
+of a lane running a batch."""
 
 import threading
 import time
@@ -8,7 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from workers.inference.scheduler import Scheduler, split_by_cost
+from workers.inference.scheduler import Batch, QueuePolicy, Scheduler, split_by_cost
+from workers.preprocess.text import TokenItem, collate_tokens
 
 
 def _scheduler(max_tokens: int = 1000, max_size: int = 32, overhead: float = 1e6, lanes: int = 100,
@@ -16,14 +18,19 @@ def _scheduler(max_tokens: int = 1000, max_size: int = 32, overhead: float = 1e6
     """A scheduler; the default pass overhead is so high that only the budget splits, and
     the lanes so many that batches can be cut without finishing the ones before."""
     scheduler = Scheduler()
-    scheduler.add_model("m", max_tokens, max_size, pad_id=0, pass_overhead_tokens=overhead, lanes=lanes,
-                        widens=widens, express=express)
+    scheduler.add_queue("m", QueuePolicy(max_tokens, max_size, overhead, lanes=lanes, widens=widens, express=express))
     return scheduler
 
 
-def _submit(scheduler: Scheduler, request_id: int, lengths: list[int], model: str = "m") -> None:
-    ids = np.concatenate([np.full(n, request_id * 100 + i + 1, dtype=np.int32) for i, n in enumerate(lengths)])
-    scheduler.submit(request_id, model, ids, lengths, [request_id * 100 + i for i in range(len(lengths))])
+def _submit(scheduler: Scheduler, request_id: int, lengths: list[int], queue: str = "m") -> None:
+    """A request of texts `lengths` tokens long, each input's ids all alike (its slot + 1)."""
+    slots = [request_id * 100 + i for i in range(len(lengths))]
+    items = [TokenItem(np.full(n, slot + 1, dtype=np.int32)) for slot, n in zip(slots, lengths)]
+    scheduler.submit(request_id, queue, slots, lengths, items)
+
+
+def _padded(batch: Batch) -> dict[str, np.ndarray]:
+    return collate_tokens([item.payload for item in batch.items], pad_id=0)
 
 
 class _Clock:
@@ -37,7 +44,7 @@ class _Clock:
 def _clocked_scheduler(overhead: float) -> tuple[Scheduler, _Clock]:
     clock = _Clock()
     scheduler = Scheduler(clock)
-    scheduler.add_model("m", 1000, 32, pad_id=0, pass_overhead_tokens=overhead, lanes=100)
+    scheduler.add_queue("m", QueuePolicy(1000, 32, overhead, lanes=100))
     return scheduler, clock
 
 
@@ -45,11 +52,23 @@ def test_batch_is_padded_to_its_longest_input():
     scheduler = _scheduler()
     _submit(scheduler, 1, [3, 5, 2])
     batch = scheduler.next_batch()
-    assert batch.input_ids.shape == (3, 5)
-    assert batch.attention_mask.sum(axis=1).tolist() == sorted([3, 5, 2])
+    arrays = _padded(batch)
+    assert arrays["input_ids"].shape == (3, 5)
+    assert arrays["attention_mask"].sum(axis=1).tolist() == sorted([3, 5, 2])
     for row, item in enumerate(batch.items):
-        assert batch.input_ids[row, :item.length].tolist() == item.ids.tolist()
-        assert (batch.input_ids[row, item.length:] == 0).all()
+        assert arrays["input_ids"][row, :item.cost].tolist() == item.payload.ids.tolist()
+        assert (arrays["input_ids"][row, item.cost:] == 0).all()
+    assert "read_mask" not in arrays  # every token is read where it is attended
+
+
+def test_a_batch_holding_tokens_read_but_not_attended_gets_a_read_mask():
+    ids = np.array([5, 6, 7], dtype=np.int32)
+    arrays = collate_tokens([TokenItem(ids, np.array([0, 1, 1], np.int8), np.array([1, 1, 0], np.int8)),
+                             TokenItem(ids[:2], read=np.array([1, 0], np.int8))], pad_id=9)
+    assert arrays["input_ids"].tolist() == [[5, 6, 7], [5, 6, 9]]
+    assert arrays["attention_mask"].tolist() == [[1, 1, 0], [1, 1, 0]]
+    assert arrays["read_mask"].tolist() == [[1, 1, 1], [1, 0, 0]]
+    assert arrays["token_type_ids"].tolist() == [[0, 1, 1], [0, 0, 0]]
 
 
 def test_token_budget_counts_padded_tokens():
@@ -79,8 +98,8 @@ def test_batch_groups_similar_lengths_around_the_oldest_input():
     _submit(scheduler, 2, [2, 3, 48, 49, 4])
     batch = scheduler.next_batch()
     # 2 x 50 fits the budget, 3 x 50 does not; the nearest length joins the oldest.
-    assert sorted(item.length for item in batch.items) == [49, 50]
-    assert sorted(item.length for item in scheduler.next_batch().items) == [2, 3, 4]
+    assert sorted(item.cost for item in batch.items) == [49, 50]
+    assert sorted(item.cost for item in scheduler.next_batch().items) == [2, 3, 4]
 
 
 @pytest.mark.parametrize("lengths, overhead, weight, groups", [
@@ -101,8 +120,8 @@ def test_mixed_lengths_run_in_groups_starting_with_the_oldest():
     _submit(scheduler, 1, [100])  # oldest
     _submit(scheduler, 2, [5, 6, 95, 7])
     first = scheduler.next_batch()
-    assert sorted(item.length for item in first.items) == [95, 100]
-    assert sorted(item.length for item in scheduler.next_batch().items) == [5, 6, 7]
+    assert sorted(item.cost for item in first.items) == [95, 100]
+    assert sorted(item.cost for item in scheduler.next_batch().items) == [5, 6, 7]
 
 
 def test_a_pass_holds_no_more_padded_tokens_than_a_multiple_of_its_fixed_cost():
@@ -127,7 +146,7 @@ def test_a_short_input_overtakes_long_ones_once_it_has_waited_longer_for_its_cos
     _submit(scheduler, 1, [256])  # cost 286
     clock.now = 1.0
     _submit(scheduler, 2, [10])  # cost 40: waited 0 s
-    assert [item.length for item in scheduler.next_batch().items] == [256]
+    assert [item.cost for item in scheduler.next_batch().items] == [256]
     _submit(scheduler, 3, [256])
     clock.now = 1.5  # request 3 waited 0.5 s for 286, request 2 0.5 s for 40
     assert [item.request.request_id for item in scheduler.next_batch().items] == [2]
@@ -154,11 +173,11 @@ def test_inputs_of_similar_cost_keep_their_order():
 
 def test_models_take_turns_by_age():
     scheduler = _scheduler()
-    scheduler.add_model("other", 1000, 32, pad_id=1, lanes=100)
-    _submit(scheduler, 1, [3], model="other")
-    _submit(scheduler, 2, [3], model="m")
-    assert scheduler.next_batch().model == "other"
-    assert scheduler.next_batch().model == "m"
+    scheduler.add_queue("other", QueuePolicy(1000, 32, lanes=100))
+    _submit(scheduler, 1, [3], queue="other")
+    _submit(scheduler, 2, [3], queue="m")
+    assert scheduler.next_batch().queue == "other"
+    assert scheduler.next_batch().queue == "m"
 
 
 def test_finish_reports_a_request_when_all_its_inputs_are_done():
@@ -237,8 +256,8 @@ def test_a_batch_is_shared_with_idle_lanes_interleaved_by_length():
     _submit(scheduler, 1, [1, 5, 2, 4, 3])
     for thread in threads:
         thread.join(5)
-    assert sorted(batch.attention_mask.sum(axis=1).tolist() for batch in got) == [[1, 3, 5], [2, 4]]
-    assert sorted(batch.input_ids.shape[1] for batch in got) == [4, 5]  # each padded to its own longest
+    assert sorted(_padded(batch)["attention_mask"].sum(axis=1).tolist() for batch in got) == [[1, 3, 5], [2, 4]]
+    assert sorted(_padded(batch)["input_ids"].shape[1] for batch in got) == [4, 5]  # each padded to its own longest
 
 
 def test_a_batch_is_not_shared_beyond_the_models_lanes():
@@ -247,7 +266,7 @@ def test_a_batch_is_not_shared_beyond_the_models_lanes():
     _submit(scheduler, 1, [1, 2, 3])
     for thread in threads:
         thread.join(0.5)
-    assert [batch.attention_mask.sum(axis=1).tolist() for batch in got] == [[1, 2, 3]]
+    assert [[item.cost for item in batch.items] for batch in got] == [[1, 2, 3]]
     _submit(scheduler, 2, [2])
     waiting = next(thread for thread in threads if thread.is_alive())
     waiting.join(0.2)
@@ -309,8 +328,6 @@ class _Engine:
 class _RawHead:
     """Returns the engine's output as it is."""
 
-    ragged = False
-
     def __call__(self, raw, attention_mask):
         return raw.numpy()
 
@@ -339,15 +356,18 @@ class _Channel:
 
 
 def test_a_lane_writes_vectors_then_reports_done_or_the_failure():
-    from infinity.shared import protocol
-    from workers.inference.worker import _run
+    from functools import partial
 
-    scheduler, arena, channel = _scheduler(max_size=1), _Arena(), _Channel()
-    scheduler.submit(1, "m", np.array([7, 13], dtype=np.int32), [1, 1], [10, 11])
-    scheduler.submit(2, "m", np.array([5], dtype=np.int32), [1], [12])
-    for _ in range(2):  # 7 is written, then the batch of 13 fails and with it request 1
-        _run(scheduler.next_batch(), _model(_Engine()), arena, scheduler, channel)
-    _run(scheduler.next_batch(), _model(_Engine()), arena, scheduler, channel)
+    from infinity.shared import protocol
+    from workers.inference.worker import _Queue, _run
+
+    scheduler, channel = _scheduler(max_size=1), _Channel()
+    queue = _Queue(_model(_Engine()), _Arena(), False, partial(collate_tokens, pad_id=0), False)
+    scheduler.submit(1, "m", [10, 11], [1, 1], [TokenItem(np.array([7], np.int32)), TokenItem(np.array([13], np.int32))])
+    scheduler.submit(2, "m", [12], [1], [TokenItem(np.array([5], np.int32))])
+    for _ in range(3):  # 7 is written, then the batch of 13 fails and with it request 1, then 5
+        _run(scheduler.next_batch(), queue, scheduler, channel)
+    arena = queue.arena
     answers = [message for message in channel.sent if not isinstance(message, protocol.BatchRan)]
     assert answers == [protocol.Failed(1, protocol.ErrorKind.INTERNAL, "inference failed: bad batch"), protocol.Done(2)]
     assert arena.rows[10, 0] == 14 and arena.rows[12, 0] == 10
@@ -422,7 +442,7 @@ def test_the_express_lane_takes_a_small_request_whole_while_every_lane_runs_a_lo
     thread.join(5)
     (batch,) = got
     assert batch.express and [item.request.request_id for item in batch.items] == [1, 1]
-    assert sorted(batch.attention_mask.sum(axis=1).tolist()) == [7, 8]
+    assert sorted(item.cost for item in batch.items) == [7, 8]
     assert [request.request_id for request in scheduler.finish(batch)] == [1]
 
 
@@ -454,7 +474,7 @@ def test_the_express_lane_leaves_a_stream_of_small_requests_to_the_lanes():
 
 def test_a_model_without_an_express_lane_never_gives_it_work():
     scheduler = _scheduler(overhead=10, lanes=2)
-    scheduler.add_model("fast", 1000, 32, pad_id=0, pass_overhead_tokens=10, lanes=1, express=True)
+    scheduler.add_queue("fast", QueuePolicy(1000, 32, 10, lanes=1, express=True))
     assert scheduler.express
     thread, got = _express_in_thread(scheduler)
     _busy_lanes(scheduler, [100, 100])

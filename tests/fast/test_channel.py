@@ -13,7 +13,7 @@ from infinity.shared import protocol
 from infinity.shared.channel import ChannelClosed, ChannelToChild, ChannelToFront, _Frames, _framed
 
 # Far more than one read takes, so a message arrives in many pieces.
-LARGE = protocol.Infer(7, "m", os.urandom(3_000_000), [750_000], [0])
+LARGE = protocol.Infer(7, "m", [0], protocol.TokenInputs(os.urandom(3_000_000), [750_000]))
 
 
 def test_a_stream_cut_anywhere_gives_the_messages_whole_and_in_order():

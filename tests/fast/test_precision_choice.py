@@ -12,9 +12,9 @@ import pytest
 
 from infinity.config import ModelConfig, load_config
 from infinity.folders.resolve import resolve_model
-from infinity.shared.devices import cpu_computes_bfloat16
+from infinity.shared.devices import cpu_computes_bfloat16, cpu_identity
 import workers.inference.precision
-from infinity.shared.devices import cpu_identity
+from workers.inference.corpus import sentences
 from workers.inference.precision import TrialFigures, keeps_bfloat16, load_by_trial, trial_record
 
 CLOSE = {"inputs": "texts", "mean_cosine": 0.99995, "min_cosine": 0.9999}
@@ -156,8 +156,10 @@ def test_the_cpu_identity_holds_its_model_and_flags(tmp_path):
 
 def test_lone_inputs_span_the_trials_lengths_and_alternate_the_models(monkeypatch):
     spec = resolve_model(ModelConfig(name="m"), cpu_bfloat16=True)
-    texts = workers.inference.precision._texts(spec, pad_id=0)
-    lengths = [lone.keywords["batch"][0].shape[1] for lone in texts.lones]
+    precision = workers.inference.precision
+    texts = precision.text_inputs(spec, 0, sentences(precision.TRIAL_TEXTS, 1), precision.TRIAL_BATCH,
+                                  precision.TRIAL_LONE_TEXTS)
+    lengths = [lone.keywords["arrays"]["input_ids"].shape[1] for lone in texts.lones]
     assert len(lengths) == workers.inference.precision.TRIAL_LONE_TEXTS and lengths == sorted(lengths)
     assert lengths[0] < 10 and lengths[-1] > 100  # queries and passages, as one client sends them
     monkeypatch.setattr(workers.inference.precision, "LONE_PAUSE_S", 0.0)
@@ -165,9 +167,9 @@ def test_lone_inputs_span_the_trials_lengths_and_alternate_the_models(monkeypatc
     ran = []
 
     def model(name: str) -> SimpleNamespace:
-        def forward(ids, *rest, wide=False):  # noqa: ANN001, ANN202
+        def forward(input_ids, attention_mask, token_type_ids, wide=False):  # noqa: ANN001, ANN202
             ran.append((name, wide))
-            return np.ones((len(ids), 2), dtype=np.float32)
+            return np.ones((len(input_ids), 2), dtype=np.float32)
         return SimpleNamespace(forward=forward, engine=SimpleNamespace(lanes=1, widens=True))
 
     figures = workers.inference.precision._measure(texts, {"bfloat16": model("bfloat16"), "float32": model("float32")}, 1)

@@ -99,9 +99,9 @@ def long_text(rng: random.Random, chars: int) -> str:
 
 
 def _split(tokenized: protocol.Tokenized) -> list[list[int]]:
-    ids = list(memoryview(tokenized.ids).cast("i"))
+    ids = list(memoryview(tokenized.inputs.ids).cast("i"))
     out, start = [], 0
-    for length in tokenized.lengths:
+    for length in tokenized.inputs.lengths:
         out.append(ids[start:start + length])
         start += length
     return out
@@ -159,7 +159,7 @@ def test_rerank_pairs_give_the_ids_of_the_whole_texts(tmp_path, family):
         request = protocol.Tokenize(1, "m", texts=documents, query=query)
         answer, expected = tokenizer.tokenize(request), whole.tokenize(request)
         assert _split(answer) == _split(expected)
-        assert answer.type_ids == expected.type_ids
+        assert answer.inputs.type_ids == expected.inputs.type_ids
         assert answer.truncated == expected.truncated
 
 
@@ -205,7 +205,7 @@ def test_a_16_mib_input_is_read_only_up_to_a_bound(shape):
     tokenizer._untruncated, tokenizer._tokenizer = counters
     text = (shape * (16 * 2 ** 20 // len(shape) + 1))[:16 * 2 ** 20]
     answer = tokenizer.tokenize(protocol.Tokenize(1, "m", texts=[text]))
-    assert answer.truncated == 1 and answer.lengths[0] <= spec.max_length
+    assert answer.truncated == 1 and answer.inputs.lengths[0] <= spec.max_length
     # Prefixes grow four-fold up to max_input_chars; then one last pass on what is kept.
     assert sum(c.chars for c in counters) <= 3 * spec.max_input_chars
 
@@ -260,7 +260,8 @@ def test_queries_and_documents_are_tokenized_each_their_own_way():
              "document": protocol.TaskEncoding(prompt="passage: ", max_length=6, skip_ids=[the_id])}
     tokenizer = model_tokenizer(msgspec.structs.replace(tokenizer_base, kind="multivector", tasks=tasks))
 
-    query = tokenizer.tokenize(protocol.Tokenize(1, "m", texts=["the fox"], task="query"))
+    answer = tokenizer.tokenize(protocol.Tokenize(1, "m", texts=["the fox"], task="query"))
+    query = answer.inputs
     real = vocab.encode("query: the fox").ids
     assert list(np.frombuffer(query.ids, "<i4")) == real + [mask_id] * (8 - len(real))
     assert query.lengths == [8] and query.added == 8 - len(real)
@@ -268,9 +269,10 @@ def test_queries_and_documents_are_tokenized_each_their_own_way():
     assert query.masks.read is None
 
     for task in ("document", None):
-        document = tokenizer.tokenize(protocol.Tokenize(2, "m", texts=["the fox and the dog ran"], task=task))
+        answer = tokenizer.tokenize(protocol.Tokenize(2, "m", texts=["the fox and the dog ran"], task=task))
+        document = answer.inputs
         ids = vocab.encode("passage: the fox and the dog ran").ids
         cut = ids[:5] + ids[-1:]  # six tokens, [SEP] kept
-        assert list(np.frombuffer(document.ids, "<i4")) == cut and document.truncated == 1
+        assert list(np.frombuffer(document.ids, "<i4")) == cut and answer.truncated == 1
         assert document.masks.attended is None
         assert list(np.frombuffer(document.masks.read, np.int8)) == [int(i != the_id) for i in cut]

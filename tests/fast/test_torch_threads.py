@@ -14,10 +14,12 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
-from workers.inference.scheduler import Scheduler, media_queue
+from infinity.shared import protocol
 from workers.engines import torch_threads
 from workers.inference.calibration import TextLanes, media_lanes, text_lanes, warm_up
+from workers.inference.scheduler import QueuePolicy, Scheduler, media_queue
 from workers.inference.worker import _Queue, _run_queued
+from workers.preprocess.media import stack_items
 
 
 def test_a_threads_count_is_its_own_and_is_restored():
@@ -65,27 +67,26 @@ def test_lanes_are_refused_where_they_are_slower():
 class _ThreadsSeen:
     """A media model that records the torch threads each of its passes ran on."""
 
-    head = SimpleNamespace(ragged=False)
-
     def __init__(self) -> None:
         self.seen: list[int] = []
         self.callers: list[str] = []
 
-    def forward_media(self, features: np.ndarray, *prompts: np.ndarray, grid: np.ndarray | None = None) -> np.ndarray:
+    def forward_media(self, arrays: dict[str, np.ndarray]) -> np.ndarray:
         self.seen.append(torch.get_num_threads())
         self.callers.append(threading.current_thread().name)
-        return np.zeros((len(features), 1), dtype=np.float32)
+        return np.zeros((len(arrays["pixel_values"]), 1), dtype=np.float32)
 
 
 def test_a_queue_in_lanes_runs_a_lanes_pass_on_its_share_and_a_wide_pass_on_every_thread_of_its_own():
     queue = media_queue("m")
     scheduler = Scheduler()
-    scheduler.add_model(queue, 1000, 1, pad_id=0, pass_overhead_tokens=1.0, lanes=2, widens=True)
+    scheduler.add_queue(queue, QueuePolicy(1000, 1, 1.0, lanes=2, widens=True))
     for request in (1, 2):
-        scheduler.submit_media(request, queue, np.zeros((1, 4), dtype=np.float32), [1], [request])
+        scheduler.submit(request, queue, [request], [1], [{"pixel_values": np.zeros(4, dtype=np.float32)}])
     model, sent = _ThreadsSeen(), SimpleNamespace(send=lambda *messages: None)
     with ThreadPoolExecutor(1, thread_name_prefix="wide-pass") as wide_runner:
-        by_queue = {queue: _Queue(model, SimpleNamespace(rows=np.zeros((4, 1), np.float32)), (1, 3), wide_runner)}
+        by_queue = {queue: _Queue(model, SimpleNamespace(rows=np.zeros((4, 1), np.float32)), False, stack_items,
+                                  True, (1, 3), wide_runner)}
         before = torch.get_num_threads()
         _run_queued(scheduler.next_batch(), by_queue, scheduler, sent)
         _run_queued(dataclasses.replace(scheduler.next_batch(), wide=True), by_queue, scheduler, sent)
@@ -146,11 +147,12 @@ def test_the_warm_up_times_a_lanes_passes_on_a_lanes_threads():
 def test_the_media_warm_up_runs_a_lone_item_on_the_wide_passes_thread_where_lanes_are_kept(monkeypatch):
     import workers.inference.calibration as calibration
 
-    example = SimpleNamespace(features=np.zeros((8, 4), np.float32), input_ids=None, grid=None, cost=1)
-    monkeypatch.setattr(calibration, "media_module", lambda kind: SimpleNamespace(example_features=lambda spec, n: example))
+    example = protocol.FeatureInputs([protocol.ArrayPart.of("pixel_values", np.zeros((8, 4), np.float32))], [1] * 8)
+    monkeypatch.setattr(calibration, "media_module",
+                        lambda kind: SimpleNamespace(example=lambda spec, n: example, collate=stack_items))
     monkeypatch.setattr(calibration, "media_lanes", lambda forward, lanes: lanes)  # lanes kept
     model = _ThreadsSeen()
-    model.engine = SimpleNamespace(on_caller_threads=True)
+    model.engine = SimpleNamespace(on_caller_threads=True, pad_id=0)
     with torch_threads(2), ThreadPoolExecutor(1, thread_name_prefix="wide-pass") as wide_runner:
         _, lanes = calibration.warm_up_media(model, SimpleNamespace(kind="image_text"), threads=2, wide_runner=wide_runner)
     assert lanes == 2

@@ -5,12 +5,13 @@ from __future__ import annotations
 import contextlib
 import importlib
 import logging
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 
 import msgspec
 
+from infinity.shared.kinds import RawOutput
 from infinity.shared.protocol import ModelSpec
-from workers.engines.base import Engine, RawOutput
+from workers.engines.base import Engine
 
 log = logging.getLogger(__name__)
 
@@ -22,20 +23,20 @@ ENGINES = {
 }
 
 
-def load_engine(spec: ModelSpec, threads: int, output: RawOutput) -> Engine:
-    """The spec's engine, giving `output`; if it fails and "auto" chose it, the fallback
-    engine."""
+def load_engine(spec: ModelSpec, threads: int, outputs: Mapping[str, RawOutput]) -> Engine:
+    """The spec's engine, giving `outputs` (by medium); if it fails and "auto" chose it,
+    the fallback engine."""
     if spec.compile and spec.engine != "torch":
         raise ValueError(f"compile = true applies to the torch engine; '{spec.name}' runs on {spec.engine}")
     try:
-        return _engine_class(spec.engine)(spec, threads, output)
+        return _engine_class(spec.engine)(spec, threads, outputs)
     except Exception:
         if spec.fallback_engine is None:
             raise
         log.warning("engine %s cannot load %s; using %s", spec.engine, spec.name, spec.fallback_engine,
                     exc_info=True)
         return _engine_class(spec.fallback_engine)(msgspec.structs.replace(spec, engine=spec.fallback_engine,
-                                                                           fallback_engine=None), threads, output)
+                                                                           fallback_engine=None), threads, outputs)
 
 
 def _engine_class(name: str) -> type:

@@ -1,56 +1,52 @@
 """The engine interface: what an inference process needs from a backend.
 
-An engine is built from a `ModelSpec` on one device and the raw output the model's head
-asks for (`RawOutput`), and turns a padded batch of token ids into that output: the
-encoder's token states, a sequence-classification head's logits, or a masked-language-
-model head's logits per token. What a model kind makes of it (pooling, normalisation,
-scores, sparse vectors) is the head's (`workers.heads`): no engine knows the kinds. A
-new engine is one module in this package plus one line in `ENGINES`.
+An engine is built from a `ModelSpec` on one device and the raw output its model's kind
+asks for each medium (`infinity.shared.kinds.RawOutput`: "text", and "image" or "audio"
+for a model that sees or hears), and turns a padded batch of token ids (`forward`) or a
+batch of media features (`forward_media`) into that output: the encoder's token states,
+a head's logits, a tower's projected vector, a retrieval model's vectors per token. What
+a model kind makes of it (pooling, normalisation, scores, sparse vectors) is the head's
+(`workers.heads`): no engine knows the kinds. A new engine is one module in this package,
+one line in `ENGINES` and its outputs in `infinity.shared.kinds.ENGINE_OUTPUTS`.
 """
 
 from __future__ import annotations
 
-import enum
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Protocol
 
 import numpy as np
 import torch
 
+from infinity.shared.kinds import RawOutput
 from infinity.shared.protocol import ModelSpec
 
 
-class RawOutput(enum.StrEnum):
-    """What an engine's forward pass returns, as a torch tensor on any device."""
-
-    TOKEN_STATES = "token_states"  # (n, longest, hidden): the encoder's last hidden states
-    SEQUENCE_LOGITS = "sequence_logits"  # (n, labels): a sequence-classification head's logits
-    TOKEN_LOGITS = "token_logits"  # (n, longest, vocabulary): a masked-language-model head's logits
-    # (n, dim): a two-tower (image-text) model's text tower, its projected pooled output
-    TEXT_FEATURES = "text_features"
-    # (n, longest, dim): a retrieval model's own per-token vectors (ColPali's `embeddings`)
-    RETRIEVAL_EMBEDDINGS = "retrieval_embeddings"
-
-
 def auto_class(output: RawOutput, spec: ModelSpec) -> type:
-    """The transformers class whose model gives `output`: an auto class, or for retrieval
-    models (which have none) the folder's own architecture."""
+    """The transformers class whose model gives `output` (a model's text output: the
+    same class gives its media outputs): an auto class, or for retrieval models (which
+    have none) the folder's own architecture."""
     import transformers
 
     if output is RawOutput.RETRIEVAL_EMBEDDINGS:
         return getattr(transformers, model_config(spec)["architectures"][0])
-    return {RawOutput.TOKEN_STATES: transformers.AutoModel,
-            RawOutput.SEQUENCE_LOGITS: transformers.AutoModelForSequenceClassification,
-            RawOutput.TOKEN_LOGITS: transformers.AutoModelForMaskedLM,
-            RawOutput.TEXT_FEATURES: transformers.AutoModel}[output]
+    return {RawOutput.SEQUENCE_LOGITS: transformers.AutoModelForSequenceClassification,
+            RawOutput.TOKEN_LOGITS: transformers.AutoModelForMaskedLM}.get(output, transformers.AutoModel)
 
 
-def model_output(model: torch.nn.Module, inputs: dict[str, torch.Tensor], output: RawOutput) -> torch.Tensor:
-    """Run a model of `auto_class(output, spec)` on `inputs`; return its `output`."""
-    if output is RawOutput.TEXT_FEATURES:
-        # transformers 5 returns an output object; the projected vector is its pooler output.
-        return model.get_text_features(**inputs).pooler_output
+# A two-tower model's towers, by the output they give: transformers 5 returns an output
+# object whose pooler output is the projected vector.
+_TOWERS = {RawOutput.TEXT_FEATURES: "get_text_features", RawOutput.IMAGE_FEATURES: "get_image_features",
+           RawOutput.AUDIO_FEATURES: "get_audio_features"}
+
+
+def model_output(model: torch.nn.Module, inputs: Mapping[str, torch.Tensor], output: RawOutput) -> torch.Tensor:
+    """Run a model of `auto_class` on `inputs` (named as its forward or tower takes them);
+    return its `output`."""
+    if output in _TOWERS:
+        return getattr(model, _TOWERS[output])(**inputs).pooler_output
     result = model(**inputs)
     if output is RawOutput.RETRIEVAL_EMBEDDINGS:
         return result.embeddings
@@ -77,13 +73,20 @@ class Engine(Protocol):
     # passes at once, where that measures faster than one pass on every thread.
     on_caller_threads: bool
 
-    def __init__(self, spec: ModelSpec, threads: int, output: RawOutput) -> None: ...
+    def __init__(self, spec: ModelSpec, threads: int, outputs: Mapping[str, RawOutput]) -> None:
+        """`outputs`: the raw output to give for each medium the model takes (`TEXT` always)."""
 
     def forward(self, input_ids: np.ndarray, attention_mask: np.ndarray,
                 token_type_ids: np.ndarray, wide: bool = False, express: bool = False) -> torch.Tensor:
-        """(n, longest) int64 ids, mask and token segments -> the engine's `RawOutput`;
+        """(n, longest) int64 ids, mask and token segments -> the text's raw output;
         `wide`: on every thread (only asked of an engine that `widens`); `express`: on the
         express lane (only asked of an engine with one)."""
+        ...
+
+    def forward_media(self, arrays: Mapping[str, np.ndarray]) -> torch.Tensor:
+        """A batch of media items, arrays named as the model's inputs (as the medium's
+        preprocessor collates them) -> the medium's raw output. Only asked of an engine
+        that computes it (`infinity.shared.kinds.ENGINE_OUTPUTS`)."""
         ...
 
 

@@ -10,17 +10,18 @@ import contextlib
 import json
 import logging
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from infinity.shared import devices
-from infinity.shared.folders import CTRANSLATE2_FAMILIES
+from infinity.shared.folders import engine_refusal
+from infinity.shared.kinds import TEXT, RawOutput
 from infinity.shared.protocol import ModelSpec
 from workers.engines.artifacts import cached_build
-from workers.engines.base import RawOutput, pad_id
+from workers.engines.base import pad_id
 from workers.engines.lanes import settle_wide_copy, wants_copy
 
 log = logging.getLogger(__name__)
@@ -72,21 +73,16 @@ class CTranslate2Engine:
     name = "ctranslate2"
     on_caller_threads = False  # its threads are its own
 
-    def __init__(self, spec: ModelSpec, threads: int, output: RawOutput) -> None:
+    def __init__(self, spec: ModelSpec, threads: int, outputs: Mapping[str, RawOutput]) -> None:
         import ctranslate2
 
-        if output in (RawOutput.TOKEN_LOGITS, RawOutput.TEXT_FEATURES):
-            raise ValueError(f"the ctranslate2 engine converts neither masked-language-model heads nor two-tower "
-                             f"models; '{spec.name}' needs {output} (use engine = \"torch\")")
+        config = json.loads((Path(spec.path) / "config.json").read_text())
+        refusal = engine_refusal(self.name, outputs, config, spec.reads_unattended_states)
+        if refusal is not None:
+            raise ValueError(f"'{spec.name}': {refusal}")
         if spec.dtype not in COMPUTE_TYPES:
             raise ValueError(f"the ctranslate2 engine takes dtype {', '.join(COMPUTE_TYPES)}; got {spec.dtype}")
-        config = json.loads((Path(spec.path) / "config.json").read_text())
-        if config.get("model_type") not in CTRANSLATE2_FAMILIES:
-            raise ValueError(f"the ctranslate2 engine serves the {', '.join(CTRANSLATE2_FAMILIES)} families; '{spec.name}' "
-                             f"is {config.get('model_type')} (use engine = \"onnx\" or \"torch\")")
-        if spec.reads_unattended_states:
-            raise ValueError(f"the ctranslate2 engine computes attended tokens only; '{spec.name}' reads the states "
-                             "of tokens it does not attend to (query expansion): use engine = \"onnx\" or \"torch\"")
+        output = outputs[TEXT]
         self._head = _classification_head(spec, config["model_type"]) if output is RawOutput.SEQUENCE_LOGITS else None
         folder, _ = converted_model(spec)
         device, index = devices.ctranslate2_device(spec.device)
@@ -123,6 +119,9 @@ class CTranslate2Engine:
         if self._head is not None:
             return self._head(output)
         return torch.from_numpy(np.asarray(output.last_hidden_state))
+
+    def forward_media(self, arrays: Mapping[str, np.ndarray]) -> torch.Tensor:
+        raise NotImplementedError("the ctranslate2 engine runs no media tower (infinity.shared.kinds.ENGINE_OUTPUTS)")
 
 
 def _classification_head(spec: ModelSpec, model_type: str) -> Callable[[object], torch.Tensor]:

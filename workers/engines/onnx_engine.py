@@ -18,6 +18,7 @@ from __future__ import annotations
 import inspect
 import logging
 import warnings
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
@@ -25,9 +26,10 @@ import torch
 
 from infinity.shared import devices
 from infinity.shared.folders import cache_dir
+from infinity.shared.kinds import TEXT, RawOutput
 from infinity.shared.protocol import ModelSpec
 from workers.engines.artifacts import cached_build
-from workers.engines.base import RawOutput, auto_class, model_output, pad_id
+from workers.engines.base import auto_class, model_output, pad_id
 from workers.engines.lanes import settle_wide_copy, wants_copy
 
 log = logging.getLogger(__name__)
@@ -39,7 +41,7 @@ VISION_GRAPH = "vision.onnx"  # a two-tower model's vision tower, beside its tex
 _EXTERNAL_DATA_BYTES = 1 << 30
 
 
-def exported_model(spec: ModelSpec, output: RawOutput) -> tuple[Path, bool]:
+def exported_model(spec: ModelSpec, outputs: Mapping[str, RawOutput]) -> tuple[Path, bool]:
     """The folder holding `spec`'s graph (`GRAPH`), exporting it if no cached one matches;
     returns (folder, whether it was exported now)."""
     import onnx
@@ -49,13 +51,13 @@ def exported_model(spec: ModelSpec, output: RawOutput) -> tuple[Path, bool]:
     def export(staging: Path) -> None:
         logging.disable(logging.INFO)  # the exporter, optimiser and quantiser log every step at INFO
         try:
-            _export(spec, output, staging / GRAPH)
+            _export(spec, outputs, staging / GRAPH)
         finally:
             logging.disable(logging.NOTSET)
         log.info("exported %s to ONNX (%s)", spec.name, spec.dtype)
 
     return cached_build("onnx", Path(spec.path), {
-        "output": str(output),
+        "output": str(outputs[TEXT]),
         "dtype": spec.dtype,
         "torch": torch.__version__,
         "transformers": transformers.__version__,
@@ -72,7 +74,7 @@ class _Vision(torch.nn.Module):
         self.model = model
 
     def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
-        return self.model.get_image_features(pixel_values=pixel_values).pooler_output
+        return model_output(self.model, {"pixel_values": pixel_values}, RawOutput.IMAGE_FEATURES)
 
 
 class _Forward(torch.nn.Module):
@@ -94,7 +96,8 @@ def _takes_token_types(model: torch.nn.Module) -> bool:
     return "token_type_ids" in inspect.signature(model.forward).parameters
 
 
-def _export(spec: ModelSpec, output: RawOutput, path: Path) -> None:
+def _export(spec: ModelSpec, outputs: Mapping[str, RawOutput], path: Path) -> None:
+    output = outputs[TEXT]
     # Eager attention exports to plain MatMul/Softmax, which onnxruntime fuses better than
     # the exported SDPA.
     model = auto_class(output, spec).from_pretrained(spec.path, dtype=torch.float32, attn_implementation="eager").eval()
@@ -112,7 +115,7 @@ def _export(spec: ModelSpec, output: RawOutput, path: Path) -> None:
         torch.onnx.export(_Forward(model, output), sample, str(exported), input_names=names,
                           output_names=["output"], dynamic_shapes={n: {0: batch, 1: length} for n in names},
                           dynamo=True, external_data=_large(model), verbose=False)
-    two_towers = output is RawOutput.TEXT_FEATURES
+    two_towers = RawOutput.IMAGE_FEATURES in outputs.values()
     _optimise(spec, model.config, exported, path, _large(model), fuse=not two_towers)
     if two_towers:
         vision = model.config.vision_config
@@ -207,19 +210,19 @@ class OnnxEngine:
     name = "onnx"
     on_caller_threads = False  # its threads are its own
 
-    def __init__(self, spec: ModelSpec, threads: int, output: RawOutput) -> None:
+    def __init__(self, spec: ModelSpec, threads: int, outputs: Mapping[str, RawOutput]) -> None:
         if spec.dtype not in DTYPES:
             raise ValueError(f"the onnx engine takes dtype {', '.join(DTYPES)}; got {spec.dtype}")
         if spec.dtype == "float16" and devices.is_cpu(spec.device):
             raise ValueError("the onnx engine runs float16 on CUDA only; use float32 or int8 on the CPU")
-        folder, _ = exported_model(spec, output)
+        folder, _ = exported_model(spec, outputs)
         on_cpu = devices.is_cpu(spec.device)
         # On the CPU, single-threaded runs of the session at once, a lane each: more
         # sentences/s than one run on every thread.
         self.lanes = threads if on_cpu else 1
         self.express = self.lanes > 1  # one more single-threaded run of the same session
         self._session = _session(folder / GRAPH, spec.device, 1 if on_cpu else threads)
-        two_towers = output is RawOutput.TEXT_FEATURES
+        two_towers = RawOutput.IMAGE_FEATURES in outputs.values()
         # Images run one pass at a time on every thread: as many images/s as a lane per
         # core, and a lone image is not left to one core (bench/RESULTS.md, "ONNX towers").
         self._vision = _session(folder / VISION_GRAPH, spec.device, threads) if two_towers else None
@@ -238,8 +241,9 @@ class OnnxEngine:
         return torch.from_numpy(output)
 
     @torch.inference_mode()
-    def forward_media(self, features: np.ndarray) -> torch.Tensor:
-        """A two-tower model's vision tower: (n, channels, height, width) float32 images ->
-        (n, dim), its projected pooled output."""
-        (output,) = self._vision.run(None, {"pixel_values": features})
+    def forward_media(self, arrays: Mapping[str, np.ndarray]) -> torch.Tensor:
+        """A two-tower model's vision tower on the inputs its graph names (`pixel_values`:
+        (n, channels, height, width) float32) -> (n, dim), its projected pooled output."""
+        assert self._vision is not None
+        (output,) = self._vision.run(None, {i.name: arrays[i.name] for i in self._vision.get_inputs()})
         return torch.from_numpy(output)

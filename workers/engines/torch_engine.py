@@ -7,14 +7,16 @@ linear layers are prepacked for oneDNN (`workers.engines.onednn`)."""
 from __future__ import annotations
 
 import inspect
+from collections.abc import Mapping
 
 import numpy as np
 import torch
 
 from infinity.shared import devices
+from infinity.shared.kinds import TEXT, RawOutput
 from infinity.shared.protocol import ModelSpec
 from workers.engines import onednn, packed_bert
-from workers.engines.base import RawOutput, auto_class, model_output, pad_id
+from workers.engines.base import auto_class, model_output, pad_id
 from workers.engines.packed_bert import PackedBert
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -33,14 +35,15 @@ class TorchEngine:
     widens = False  # every pass is wide
     express = False  # a second pass at once would share the threads of the first
 
-    def __init__(self, spec: ModelSpec, threads: int, output: RawOutput) -> None:
+    def __init__(self, spec: ModelSpec, threads: int, outputs: Mapping[str, RawOutput]) -> None:
         from transformers.utils import logging as transformers_logging
 
         transformers_logging.disable_progress_bar()
         if spec.dtype not in _DTYPES:
             raise ValueError(f"the torch engine takes dtype {', '.join(_DTYPES)}; got {spec.dtype}")
         torch.set_num_threads(threads)
-        self._output = output
+        output = self._output = outputs[TEXT]
+        self._media_output = next((out for medium, out in outputs.items() if medium != TEXT), None)
         self._device = torch.device(devices.torch_device(spec.device))
         self.on_caller_threads = self._device.type == "cpu"
         # transformers picks SDPA attention where the architecture has it (MPNet has not).
@@ -73,26 +76,15 @@ class TorchEngine:
         return hidden if self._output is RawOutput.TOKEN_STATES else self._head(self._model, hidden)
 
     @torch.inference_mode()
-    def forward_media(self, features: np.ndarray, input_ids: np.ndarray | None = None,
-                      attention_mask: np.ndarray | None = None,
-                      token_type_ids: np.ndarray | None = None, grid: np.ndarray | None = None) -> torch.Tensor:
-        """A two-tower model's media tower: (n, ...) float32 images' pixels or clips'
-        spectrograms -> (n, dim), its projected pooled output; a retrieval model's pages:
-        their pixels (and patch grids) with their prompts' ids -> its output for every token."""
-        values = torch.from_numpy(features).to(self._device, dtype=next(self._model.parameters()).dtype)
-        if input_ids is not None:
-            ids, mask, types = (torch.from_numpy(a).to(self._device) for a in (input_ids, attention_mask, token_type_ids))
-            inputs = {"input_ids": ids, "attention_mask": mask, "pixel_values": values}
-            if self._takes_token_types:
-                inputs["token_type_ids"] = types
-            if grid is not None:
-                inputs["image_grid_thw"] = torch.from_numpy(grid).to(self._device)
-            return model_output(self._model, inputs, self._output)
-        if hasattr(self._model, "get_audio_features"):
-            # Clips are cut to the window in preprocessing: none is longer, nothing to fuse.
-            longer = torch.zeros((len(values), 1), dtype=torch.bool, device=self._device)
-            return self._model.get_audio_features(input_features=values, is_longer=longer).pooler_output
-        return self._model.get_image_features(pixel_values=values).pooler_output
+    def forward_media(self, arrays: Mapping[str, np.ndarray]) -> torch.Tensor:
+        """The model's media pass on its inputs by name (an image's pixels, a clip's
+        spectrogram, a page's pixels and prompt): floating arrays in the model's dtype."""
+        dtype = next(self._model.parameters()).dtype
+        inputs = {name: torch.from_numpy(array).to(self._device,
+                                                   dtype=dtype if np.issubdtype(array.dtype, np.floating) else None)
+                  for name, array in arrays.items() if name != "token_type_ids" or self._takes_token_types}
+        assert self._media_output is not None
+        return model_output(self._model, inputs, self._media_output)
 
     def _padded(self, ids: torch.Tensor, mask: torch.Tensor, types: torch.Tensor) -> torch.Tensor:
         """The transformers module's own forward: token states, or a head's logits."""

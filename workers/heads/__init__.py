@@ -1,35 +1,25 @@
 """Heads: what each model kind makes of an engine's raw output (`workers.heads.base.Head`),
-and the model an inference process serves, an engine with its kind's head. A new kind
-is one module in this package plus one line in `HEADS` (and its name where the
-configuration lists kinds); no engine changes."""
+and the model an inference process serves, an engine with its kind's head. A kind names
+its head in the kinds table (`infinity.shared.kinds`); no engine changes for a new one."""
 
 from __future__ import annotations
 
 import importlib
+from collections.abc import Mapping
 
 import numpy as np
 import torch
 
+from infinity.shared.kinds import KINDS
 from infinity.shared.protocol import ModelSpec
 from workers.engines import load_engine
 from workers.engines.base import Engine, model_config
 from workers.heads.base import Head
 
-# Imported lazily, like the engines.
-HEADS = {
-    "embed": "workers.heads.pooled:PooledEmbedding",
-    "rerank": "workers.heads.scores:RelevanceScores",
-    "classify": "workers.heads.scores:ClassScores",
-    "multivector": "workers.heads.multivector:TokenVectors",
-    "sparse": "workers.heads.sparse:SparseWeights",
-    "image_text": "workers.heads.two_tower:TowerEmbedding",
-    "audio_text": "workers.heads.two_tower:TowerEmbedding",
-    "image_multivector": "workers.heads.multivector:RetrievalTokenVectors",
-}
-
 
 def load_head(spec: ModelSpec) -> Head:
-    module_name, class_name = HEADS[spec.kind].split(":")
+    """The head of `spec`'s kind (imported lazily, like the engines)."""
+    module_name, class_name = KINDS[spec.kind].head.split(":")
     return getattr(importlib.import_module(module_name), class_name)(spec, model_config(spec))
 
 
@@ -53,19 +43,15 @@ class LoadedModel:
         return self.head(raw, torch.from_numpy(attention_mask if read_mask is None else read_mask).to(raw.device))
 
     @torch.inference_mode()
-    def forward_media(self, features: np.ndarray, input_ids: np.ndarray | None = None,
-                      attention_mask: np.ndarray | None = None,
-                      token_type_ids: np.ndarray | None = None,
-                      grid: np.ndarray | None = None) -> np.ndarray | list[np.ndarray]:
-        """(n, ...) float32 media features (images' pixels, clips' spectrograms), with the
-        ids, mask and token types of the prompts they come with for a retrieval model (and
-        each image's patch `grid` where images vary in size) -> the head's output (a
-        two-tower model's image or audio vectors; a retrieval model's vectors per token)."""
-        # Engines whose towers take the medium alone (ONNX Runtime's vision tower) take no prompts.
-        raw = (self.engine.forward_media(features) if input_ids is None
-               else self.engine.forward_media(features, input_ids, attention_mask, token_type_ids, grid))
-        mask = (torch.ones((len(features), 1), dtype=torch.int64) if attention_mask is None
-                else torch.from_numpy(attention_mask))
+    def forward_media(self, arrays: Mapping[str, np.ndarray]) -> np.ndarray | list[np.ndarray]:
+        """A batch of media items as their preprocessor collates them (arrays named as the
+        model's inputs: an image's `pixel_values`, a clip's `input_features`, a page's
+        pixels with its prompt's `input_ids` and `attention_mask`) -> the head's output (a
+        two-tower model's image or audio vectors; a retrieval model's vectors per token,
+        read where the attention mask is set)."""
+        raw = self.engine.forward_media(arrays)
+        mask = arrays.get("attention_mask")
+        mask = torch.ones((len(raw), 1), dtype=torch.int64) if mask is None else torch.from_numpy(mask)
         return self.head(raw, mask.to(raw.device))
 
 
@@ -76,5 +62,4 @@ def load_model(spec: ModelSpec, threads: int) -> LoadedModel:
         from workers.inference.precision import load_by_trial
 
         return load_by_trial(spec, threads, load_model)
-    head = load_head(spec)
-    return LoadedModel(load_engine(spec, threads, head.output), head, spec.dtype)
+    return LoadedModel(load_engine(spec, threads, KINDS[spec.kind].outputs), load_head(spec), spec.dtype)

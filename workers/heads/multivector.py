@@ -14,13 +14,10 @@ import torch
 from safetensors import safe_open
 
 from infinity.shared.protocol import ModelSpec
-from workers.engines.base import RawOutput
 
 
 class TokenVectors:
-    output = RawOutput.TOKEN_STATES
     activation = "none"
-    ragged = True
 
     def __init__(self, spec: ModelSpec, config: dict) -> None:
         self.labels: list[str] = []
@@ -38,9 +35,7 @@ class TokenVectors:
 
 
 class RetrievalTokenVectors:
-    output = RawOutput.RETRIEVAL_EMBEDDINGS
     activation = "none"
-    ragged = True
 
     def __init__(self, spec: ModelSpec, config: dict) -> None:
         self.labels: list[str] = []

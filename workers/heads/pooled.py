@@ -8,7 +8,6 @@ import numpy as np
 import torch
 
 from infinity.shared.protocol import ModelSpec
-from workers.engines.base import RawOutput
 
 
 def pool(mode: str, hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
@@ -27,9 +26,7 @@ def pool(mode: str, hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch
 
 
 class PooledEmbedding:
-    output = RawOutput.TOKEN_STATES
     activation = "none"
-    ragged = False
 
     def __init__(self, spec: ModelSpec, config: dict) -> None:
         self.dim = int(config["hidden_size"])

@@ -11,12 +11,9 @@ import torch
 
 from infinity.shared.folders import num_labels
 from infinity.shared.protocol import ModelSpec
-from workers.engines.base import RawOutput
 
 
 class ClassScores:
-    output = RawOutput.SEQUENCE_LOGITS
-    ragged = False
 
     def __init__(self, spec: ModelSpec, config: dict) -> None:
         self.dim = num_labels(config)

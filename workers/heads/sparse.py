@@ -10,15 +10,12 @@ import numpy as np
 import torch
 
 from infinity.shared.protocol import ModelSpec
-from workers.engines.base import RawOutput
 
 ENTRY = np.dtype([("index", "<i4"), ("value", "<f4")])
 
 
 class SparseWeights:
-    output = RawOutput.TOKEN_LOGITS
     activation = "none"
-    ragged = True
 
     def __init__(self, spec: ModelSpec, config: dict) -> None:
         self.dim = int(config["vocab_size"])

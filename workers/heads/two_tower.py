@@ -9,7 +9,6 @@ import numpy as np
 import torch
 
 from infinity.shared.protocol import ModelSpec
-from workers.engines.base import RawOutput
 
 
 def shared_dim(config: dict) -> int:
@@ -22,9 +21,7 @@ def shared_dim(config: dict) -> int:
 
 
 class TowerEmbedding:
-    output = RawOutput.TEXT_FEATURES
     activation = "none"
-    ragged = False
 
     def __init__(self, spec: ModelSpec, config: dict) -> None:
         self.dim = shared_dim(config)

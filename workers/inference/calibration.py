@@ -21,7 +21,7 @@ from workers.engines import torch_threads
 from workers.engines.base import Engine
 from workers.engines.lanes import WIDE_COPY_PAUSE, WIDE_COPY_TRIES, best_seconds
 from workers.heads import LoadedModel
-from workers.preprocess.media import media_module
+from workers.preprocess.media import feature_items, media_module
 
 log = logging.getLogger(__name__)
 
@@ -66,17 +66,16 @@ def warm_up_media(model: LoadedModel, spec: ModelSpec, threads: int,
     image's patches, a clip's frames, a page's tokens; a model's items are all alike, so
     there is no padding to price), and how many passes it runs at once."""
     lanes = threads if model.engine.on_caller_threads and threads > 1 else 1
-    example = media_module(spec.kind).example_features(spec, max(4, lanes * MEDIA_ITEMS_PER_LANE))
+    module = media_module(spec.kind)
+    costs, items = feature_items(module.example(spec, max(4, lanes * MEDIA_ITEMS_PER_LANE)))
 
     def forward(count: int) -> Callable[[], object]:
-        ids = example.input_ids
-        given = () if ids is None else (ids[:count], np.ones_like(ids[:count]), np.zeros_like(ids[:count]))
-        grid = None if example.grid is None else example.grid[:count]
-        return lambda: model.forward_media(example.features[:count], *given, grid=grid)
+        arrays = module.collate(items[:count], pad_id=model.engine.pad_id)
+        return lambda: model.forward_media(arrays)
 
     one, four = best_seconds([forward(1), forward(4)])
-    per_unit = max((four - one) / (3 * example.cost), 1e-9)
-    overhead = min(max(one / per_unit - example.cost, 4.0), 1024.0)
+    per_unit = max((four - one) / (3 * costs[0]), 1e-9)
+    overhead = min(max(one / per_unit - costs[0], 4.0), 1024.0)
     if lanes > 1:
         lanes = media_lanes(forward, lanes)
         if lanes > 1 and wide_runner is not None:

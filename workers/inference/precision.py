@@ -41,14 +41,14 @@ import msgspec
 import numpy as np
 import torch
 
-from workers.inference.corpus import sentences
 from infinity.shared.devices import cpu_identity
 from infinity.shared.folders import cache_dir
-from infinity.shared.media import MEDIUM_OF_KIND
+from infinity.shared.kinds import KINDS
 from infinity.shared.protocol import ModelSpec
 from workers.engines.artifacts import fingerprint
-from workers.preprocess.media import media_module
-from workers.preprocess.text import load_tokenizer
+from workers.inference.corpus import sentences
+from workers.preprocess.media import feature_items, media_module
+from workers.preprocess.text import TokenItem, collate_tokens, load_tokenizer
 
 if TYPE_CHECKING:
     from workers.heads import LoadedModel
@@ -207,8 +207,10 @@ Pass = Callable[["LoadedModel"], object]
 
 
 @dataclass(frozen=True)
-class _Inputs:
-    name: str
+class TrialInputs:
+    """One kind of a trial's inputs, as batches and lone inputs to run on a model."""
+
+    name: str  # "texts", "images", "clips"
     batches: list[Pass]
     sizes: list[int]  # inputs per batch
     lones: list[Pass]  # inputs run one at a time, in turn
@@ -217,58 +219,60 @@ class _Inputs:
 def run_trial(spec: ModelSpec, reduced: LoadedModel, exact: LoadedModel, threads: int) -> list[TrialFigures]:
     """Run both models on the trial's texts (and the media of a model that sees or hears):
     per kind of input, their vectors' cosines and their speeds."""
-    trials = [_texts(spec, reduced.engine.pad_id)]
-    if spec.kind in MEDIUM_OF_KIND:
-        trials.append(_media(spec))
+    pad_id = reduced.engine.pad_id
+    trials = [text_inputs(spec, pad_id, sentences(TRIAL_TEXTS, _SEED), TRIAL_BATCH, TRIAL_LONE_TEXTS)]
+    if KINDS[spec.kind].medium is not None:
+        trials.append(_media(spec, pad_id))
     return [_measure(inputs, {"bfloat16": reduced, "float32": exact}, threads) for inputs in trials]
 
 
-def _texts(spec: ModelSpec, pad_id: int) -> _Inputs:
+def text_inputs(spec: ModelSpec, pad_id: int, texts: list[str], batch: int, lones: int) -> TrialInputs:
+    """`texts` tokenized for `spec`, in batches of `batch` of similar lengths (as the
+    scheduler groups them), and `lones` of them spread over their lengths, one at a time."""
     tokenizer = load_tokenizer(spec)
     tokenizer.enable_truncation(spec.max_length)
-    # Batches of similar lengths, as the scheduler groups them.
-    encodings = sorted(tokenizer.encode_batch(sentences(TRIAL_TEXTS, _SEED)), key=len)
-    batches = [_padded([e.ids for e in encodings[i:i + TRIAL_BATCH]], pad_id)
-               for i in range(0, len(encodings), TRIAL_BATCH)]
-    step = max(len(encodings) // TRIAL_LONE_TEXTS, 1)
-    lones = [partial(_forward, batch=_padded([e.ids], pad_id), lone=True) for e in encodings[::step]]
-    return _Inputs("texts", [partial(_forward, batch=batch) for batch in batches], [len(b[0]) for b in batches],
-                   lones)
+    encodings = sorted(tokenizer.encode_batch(texts), key=len)
+
+    def padded(chosen: list) -> dict[str, np.ndarray]:
+        return collate_tokens([TokenItem(np.array(e.ids, dtype=np.int32)) for e in chosen], pad_id)
+
+    batches = [padded(encodings[i:i + batch]) for i in range(0, len(encodings), batch)]
+    step = max(len(encodings) // lones, 1)
+    return TrialInputs("texts", [partial(_forward, arrays=arrays) for arrays in batches],
+                       [len(arrays["input_ids"]) for arrays in batches],
+                       [partial(_forward, arrays=padded([e]), lone=True) for e in encodings[::step]])
 
 
-def _media(spec: ModelSpec) -> _Inputs:
-    """Random features in the shape of the model's media (pixels, spectrograms, a page
-    model's patches, with its prompts): bfloat16's rounding shows on any values; blank
-    ones would all give one vector."""
-    example = media_module(spec.kind).example_features(spec, TRIAL_MEDIA)
-    features = np.random.default_rng(_SEED).standard_normal(example.features.shape).astype(np.float32)
-    rows = len(features) // TRIAL_MEDIA  # an item's rows: 1, or its patches where items are flattened
+def _media(spec: ModelSpec, pad_id: int) -> TrialInputs:
+    """Items in the shape of the model's media (pixels, spectrograms, a page model's
+    pixels with its prompts), their floating values random: bfloat16's rounding shows on
+    any values; blank ones would all give one vector."""
+    module = media_module(spec.kind)
+    rng = np.random.default_rng(_SEED)
+    _, items = feature_items(module.example(spec, TRIAL_MEDIA))
+    items = [{name: rng.standard_normal(array.shape).astype(array.dtype) if array.dtype.kind == "f" else array
+              for name, array in item.items()} for item in items]
 
-    def items(start: int, count: int) -> Pass:
-        ids = None if example.input_ids is None else example.input_ids[start:start + count]
-        grid = None if example.grid is None else example.grid[start:start + count]
-        return partial(_forward_media, features=features[start * rows:(start + count) * rows], ids=ids, grid=grid)
+    def batch(start: int, count: int) -> Pass:
+        return partial(_forward_media, arrays=module.collate(items[start:start + count], pad_id=pad_id))
 
     starts = range(0, TRIAL_MEDIA, TRIAL_MEDIA_BATCH)
-    return _Inputs(_ITEMS[MEDIUM_OF_KIND[spec.kind]], [items(start, TRIAL_MEDIA_BATCH) for start in starts],
-                   [TRIAL_MEDIA_BATCH] * len(starts), [items(0, 1)] * TRIAL_LONE_MEDIA)
+    return TrialInputs(_ITEMS[KINDS[spec.kind].medium], [batch(start, TRIAL_MEDIA_BATCH) for start in starts],
+                       [TRIAL_MEDIA_BATCH] * len(starts), [batch(0, 1)] * TRIAL_LONE_MEDIA)
 
 
-def _forward(model: LoadedModel, batch: tuple[np.ndarray, ...], lone: bool = False) -> object:
-    return model.forward(*batch, wide=lone and model.engine.widens)
+def _forward(model: LoadedModel, arrays: dict[str, np.ndarray], lone: bool = False) -> object:
+    return model.forward(**arrays, wide=lone and model.engine.widens)
 
 
-def _forward_media(model: LoadedModel, features: np.ndarray, ids: np.ndarray | None,
-                   grid: np.ndarray | None) -> object:
-    if ids is None:
-        return model.forward_media(features)
-    return model.forward_media(features, ids, np.ones_like(ids), np.zeros_like(ids), grid=grid)
+def _forward_media(model: LoadedModel, arrays: dict[str, np.ndarray]) -> object:
+    return model.forward_media(arrays)
 
 
-def _measure(inputs: _Inputs, models: dict[str, LoadedModel], threads: int) -> TrialFigures:
+def _measure(inputs: TrialInputs, models: dict[str, LoadedModel], threads: int) -> TrialFigures:
     outputs, per_s, lone_ms = {}, {name: 0.0 for name in models}, {name: [] for name in models}
     for name, model in models.items():
-        _size_torch_threads(model, threads)
+        size_torch_threads(model, threads)
         outputs[name] = [run(model) for run in inputs.batches]  # also the warm-up of these shapes
         for lone in inputs.lones:
             lone(model)
@@ -277,37 +281,28 @@ def _measure(inputs: _Inputs, models: dict[str, LoadedModel], threads: int) -> T
     for _ in range(TRIAL_ROUNDS):
         for name, model in models.items():
             time.sleep(SPIN_DOWN_S)
-            _size_torch_threads(model, threads)
-            per_s[name] = max(per_s[name], _per_second(model, inputs))
+            size_torch_threads(model, threads)
+            per_s[name] = max(per_s[name], per_second(model, inputs))
         # Lone inputs alternate the models input by input, so the machine's drift falls on both.
         for lone in inputs.lones:
             for name, model in models.items():
-                _size_torch_threads(model, threads)
+                size_torch_threads(model, threads)
                 time.sleep(LONE_PAUSE_S)
-                lone_ms[name].append(_milliseconds(partial(lone, model)))
-    cosines = _row_cosines(outputs["bfloat16"], outputs["float32"])
+                lone_ms[name].append(milliseconds(partial(lone, model)))
+    cosines = row_cosines(outputs["bfloat16"], outputs["float32"])
     lone = {name: float(np.median(times)) for name, times in lone_ms.items()}
     return TrialFigures(inputs.name, float(cosines.mean()), float(cosines.min()), per_s["bfloat16"],
                         per_s["float32"], lone["bfloat16"], lone["float32"])
 
 
-def _size_torch_threads(model: LoadedModel, threads: int) -> None:
-    # As the inference process will (workers.engines.set_torch_threads): lanes share no pool.
+def size_torch_threads(model: LoadedModel, threads: int) -> None:
+    """Size torch's threads for `model` as the inference process will
+    (workers.engines.set_torch_threads): lanes share no pool."""
     torch.set_num_threads(threads if model.engine.lanes == 1 else 1)
 
 
-def _padded(sequences: list[list[int]], pad_id: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    longest = max(len(s) for s in sequences)
-    ids = np.full((len(sequences), longest), pad_id, dtype=np.int64)
-    mask = np.zeros_like(ids)
-    for row, sequence in enumerate(sequences):
-        ids[row, :len(sequence)] = sequence
-        mask[row, :len(sequence)] = 1
-    return ids, mask, np.zeros_like(ids)
-
-
-def _per_second(model: LoadedModel, inputs: _Inputs) -> float:
-    """The batches shared by the lanes."""
+def per_second(model: LoadedModel, inputs: TrialInputs) -> float:
+    """Inputs per second of `inputs`' batches, shared by the model's lanes."""
     with ThreadPoolExecutor(model.engine.lanes) as pool:
         start = time.perf_counter()
         list(pool.map(lambda run: run(model), inputs.batches))
@@ -315,13 +310,14 @@ def _per_second(model: LoadedModel, inputs: _Inputs) -> float:
     return sum(inputs.sizes) / took
 
 
-def _milliseconds(run: Callable[[], object]) -> float:
+def milliseconds(run: Callable[[], object]) -> float:
+    """How long one call of `run` takes."""
     start = time.perf_counter()
     run()
     return (time.perf_counter() - start) * 1e3
 
 
-def _row_cosines(reduced: list, exact: list) -> np.ndarray:
+def row_cosines(reduced: list, exact: list) -> np.ndarray:
     """The cosine of each output vector to its float32 counterpart (every token's, for
     outputs with a vector per token)."""
     def rows(outputs: list) -> np.ndarray:

@@ -1,5 +1,8 @@
-"""Dynamic batching for the inference process: a queue of tokenized inputs per model,
-cut into batches by a token budget and a count cap.
+"""Dynamic batching for the inference process: a queue of inputs per model and medium
+(a model's texts; a two-tower model's images or clips beside them), cut into batches by
+a budget of cost (a text's tokens, an image's patches) and a count cap. The scheduler
+sees what each input costs and never what it is: a lane collates a batch's payloads for
+the engine (workers/inference/worker.py).
 
 A batch is cut around an anchor input of the model that has waited longest: the oldest
 waiting input, unless an input that costs far less (`OVERTAKE_FACTOR`) has waited
@@ -55,7 +58,7 @@ import numpy as np
 @dataclass(eq=False)
 class PendingRequest:
     request_id: int
-    model: str
+    queue: str
     remaining: int
     cost: float = 0.0  # its inputs as one pass: fixed cost + padded tokens
     cancelled: bool = False
@@ -64,50 +67,48 @@ class PendingRequest:
     outputs: dict[int, np.ndarray] = field(default_factory=dict)
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Item:
-    """One input of a request: its token ids and the arena slot its vector goes to."""
+    """One input of a request: what it costs a pass (a text's tokens, an image's patches,
+    a clip's frames, a page's tokens), the arena slot its output goes to, and its payload,
+    which the scheduler never reads (the lane collates a batch's payloads for the engine)."""
 
     request: PendingRequest
     slot: int
-    ids: np.ndarray
-    type_ids: np.ndarray | None  # token segments of a query-document pair
+    cost: int
+    payload: object
     seq: int  # arrival order, for fairness
     arrived: float  # the scheduler's clock when it was queued
-    attended: np.ndarray | None = None  # int8 per token: the encoder attends to it (None: all)
-    read: np.ndarray | None = None  # int8 per token: the head reads its state (None: all)
-    # A media item for a media tower instead of ids (an image's pixels, a clip's
-    # spectrogram), and its cost in tokens' worth (an image's patches, a clip's frames).
-    features: np.ndarray | None = None
-    media_cost: int = 0
-    grid: np.ndarray | None = None  # an image's patch grid, where images vary in size
-
-    @property
-    def length(self) -> int:
-        return self.media_cost if self.features is not None else len(self.ids)
 
 
 @dataclass
 class Batch:
-    model: str
+    queue: str
     items: list[Item]
-    input_ids: np.ndarray  # (n, longest) int64, right-padded with `pad_id`
-    attention_mask: np.ndarray  # (n, longest) int64
-    token_type_ids: np.ndarray  # (n, longest) int64, zero but for the second text of a pair
     wide: bool = False  # run on every core: the other lanes are held idle for it
-    express: bool = False  # run on the express lane, beside the model's lanes
-    # (n, longest) int64: the tokens whose states the head reads, where that is not the
-    # attention mask (ColBERT's query expansion, skipped tokens); None: it is.
-    read_mask: np.ndarray | None = None
-    features: np.ndarray | None = None  # (n, ...): a batch of media items (images, clips), not of tokens
-    grid: np.ndarray | None = None  # (n, 3): each image's patch grid, where images vary in size
+    express: bool = False  # run on the express lane, beside the queue's lanes
+
+
+@dataclass(frozen=True)
+class QueuePolicy:
+    """How one queue's batches are cut and run."""
+
+    max_batch_tokens: int  # padded cost of a batch at most (inputs x the costliest)
+    max_batch_size: int
+    # The fixed cost of one forward pass, in tokens' worth of compute, and what a padding
+    # token costs against a token: they decide when inputs of different costs share a
+    # padded batch (measured at warm-up: workers/inference/calibration.py).
+    pass_overhead_tokens: float = 0.0
+    padding_weight: float = 1.0
+    lanes: int = 1  # how many of its batches may run at once
+    widens: bool = False  # its engine can run one pass on every core, for a lone input
+    express: bool = False  # its engine can run one more pass beside its lanes
 
 
 @dataclass
-class _ModelQueue:
+class _Queue:
     max_batch_tokens: int
     max_batch_size: int
-    pad_id: int
     pass_overhead_tokens: float
     padding_weight: float
     lanes: int
@@ -115,8 +116,8 @@ class _ModelQueue:
     express: bool
     running: int = 0  # batches cut for its lanes and not yet finished
     running_longest: list[float] = field(default_factory=list)  # theirs, as `_longest_cost`
-    # Waiting items sorted by (length, seq); `oldest` finds the fairness anchor.
-    by_length: list[tuple[int, int, Item]] = field(default_factory=list)
+    # Waiting items sorted by (cost, seq); `oldest` finds the fairness anchor.
+    by_cost: list[tuple[int, int, Item]] = field(default_factory=list)
 
 
 # A pass holds at most this many times its fixed cost in padded tokens (or one input
@@ -138,7 +139,7 @@ LONG_PASS_OVERHEADS = 8
 class Scheduler:
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
-        self._queues: dict[str, _ModelQueue] = {}
+        self._queues: dict[str, _Queue] = {}
         self._requests: dict[int, PendingRequest] = {}
         self._seq = itertools.count()
         self._lock = threading.Lock()
@@ -148,17 +149,10 @@ class Scheduler:
         self._wide = False  # a wide pass runs: no lane takes work
         self._shares: deque[tuple[str, list[Item]]] = deque()  # parts of a batch cut for idle lanes
 
-    def add_model(self, name: str, max_batch_tokens: int, max_batch_size: int, pad_id: int,
-                  pass_overhead_tokens: float = 0.0, padding_weight: float = 1.0, lanes: int = 1,
-                  widens: bool = False, express: bool = False) -> None:
-        """`pass_overhead_tokens`: the fixed cost of one forward pass, in tokens' worth of
-        compute, and `padding_weight`: what a padding token costs against a token; they
-        decide when inputs of different lengths share a padded batch. `lanes`: how many
-        of the model's batches may run at once; `widens`: whether its engine can run one
-        pass on every core; `express`: whether it can run one more beside its lanes."""
-        budget = min(max_batch_tokens, max(int(PASS_OVERHEADS * pass_overhead_tokens), 1))
-        self._queues[name] = _ModelQueue(budget, max_batch_size, pad_id, pass_overhead_tokens,
-                                         padding_weight, lanes, widens, express)
+    def add_queue(self, name: str, policy: QueuePolicy) -> None:
+        budget = min(policy.max_batch_tokens, max(int(PASS_OVERHEADS * policy.pass_overhead_tokens), 1))
+        self._queues[name] = _Queue(budget, policy.max_batch_size, policy.pass_overhead_tokens,
+                                    policy.padding_weight, policy.lanes, policy.widens, policy.express)
 
     @property
     def lanes(self) -> int:
@@ -170,46 +164,19 @@ class Scheduler:
         """Whether a thread should call `next_express_batch`: a model has an express lane."""
         return any(queue.express for queue in self._queues.values())
 
-    def submit(self, request_id: int, model: str, ids: np.ndarray, lengths: list[int],
-               slots: list[int], type_ids: np.ndarray | None = None, attended: np.ndarray | None = None,
-               read: np.ndarray | None = None) -> None:
-        """Queue a request's inputs (`ids`, and the per-token `type_ids`, `attended` and
-        `read` flags where given, concatenated, split by `lengths`)."""
-        offsets = np.cumsum([0, *lengths])
+    def submit(self, request_id: int, queue: str, slots: list[int], costs: list[int], payloads: list) -> None:
+        """Queue a request's inputs on `queue`: each its arena slot, its cost and its payload."""
         arrived = self._clock()
         with self._lock:
-            queue = self._queues[model]
-            cost = queue.pass_overhead_tokens + len(lengths) * max(lengths)
-            request = PendingRequest(request_id, model, len(lengths), cost)
+            waiting = self._queues[queue]
+            request = PendingRequest(request_id, queue, len(slots), waiting.pass_overhead_tokens
+                                     + len(costs) * max(costs))
             self._requests[request_id] = request
-            for i, slot in enumerate(slots):
-                part = slice(offsets[i], offsets[i + 1])
-                item = Item(request, slot, ids[part], None if type_ids is None else type_ids[part], next(self._seq),
-                            arrived, None if attended is None else attended[part], None if read is None else read[part])
-                bisect.insort(queue.by_length, (item.length, item.seq, item), key=_sort_key)
+            for slot, cost, payload in zip(slots, costs, payloads, strict=True):
+                item = Item(request, slot, cost, payload, next(self._seq), arrived)
+                bisect.insort(waiting.by_cost, (cost, item.seq, item), key=_sort_key)
             self._wakeup.notify()
-            self._notify_express(queue)
-
-    def submit_media(self, request_id: int, queue: str, features: np.ndarray, costs: list[int],
-                     slots: list[int], ids: np.ndarray | None = None, type_ids: np.ndarray | None = None,
-                     grid: np.ndarray | None = None) -> None:
-        """Queue a request's media items (`features`, one row each) on a media queue
-        (`media_queue`), each costing its `costs` entry; a retrieval model's come with the
-        ids (and token types) of their prompts, concatenated, `costs` long each, and
-        images of varying size with their patch `grid` rows."""
-        arrived = self._clock()
-        offsets = np.cumsum([0, *costs])
-        no_ids = np.zeros(0, dtype=np.int32)
-        with self._lock:
-            request = PendingRequest(request_id, queue, len(slots))
-            self._requests[request_id] = request
-            for i, (row, cost, slot) in enumerate(zip(features, costs, slots, strict=True)):
-                part = slice(offsets[i], offsets[i + 1])
-                item = Item(request, slot, no_ids if ids is None else ids[part],
-                            None if type_ids is None else type_ids[part], next(self._seq), arrived,
-                            features=row, media_cost=cost, grid=None if grid is None else grid[i])
-                bisect.insort(self._queues[queue].by_length, (item.length, item.seq, item), key=_sort_key)
-            self._wakeup.notify()
+            self._notify_express(waiting)
 
     def cancel(self, request_id: int) -> tuple[int, bool]:
         """Drop the waiting inputs of a request; return how many were dropped and whether
@@ -232,8 +199,8 @@ class Scheduler:
     def next_batch(self) -> Batch:
         """Block until inputs wait for a free lane, then cut a batch."""
         with self._lock:
-            model, items, wide = self._take()
-        return _pad(model, items, self._queues[model].pad_id, wide)
+            queue, items, wide = self._take()
+        return Batch(queue, items, wide)
 
     def next_express_batch(self) -> Batch:
         """Block until a small request waits behind long passes on every lane of an
@@ -243,9 +210,9 @@ class Scheduler:
                 self._express_wakeup.wait()
             model, request = found
             queue = self._queues[model]
-            items = [entry[2] for entry in queue.by_length if entry[2].request is request]
-            queue.by_length = [entry for entry in queue.by_length if entry[2].request is not request]
-        return _pad(model, items, queue.pad_id, express=True)
+            items = [entry[2] for entry in queue.by_cost if entry[2].request is request]
+            queue.by_cost = [entry for entry in queue.by_cost if entry[2].request is not request]
+        return Batch(model, items, express=True)
 
     def _express_request(self) -> tuple[str, PendingRequest] | None:
         """(model, request) the express lane should run now, the oldest eligible; lock held."""
@@ -253,7 +220,7 @@ class Scheduler:
             return None
         best, best_seq = None, None
         for name, queue in self._queues.items():
-            if not (queue.express and queue.by_length and queue.running >= queue.lanes):
+            if not (queue.express and queue.by_cost and queue.running >= queue.lanes):
                 continue
             shortest = min(queue.running_longest)
             if shortest < LONG_PASS_OVERHEADS * queue.pass_overhead_tokens:
@@ -261,7 +228,7 @@ class Scheduler:
             most = shortest / OVERTAKE_FACTOR
             small: dict[PendingRequest, int] = {}  # the small requests waiting, by their first input
             # Sorted by length, and no request costs less than one of its inputs alone.
-            for length, seq, item in queue.by_length:
+            for length, seq, item in queue.by_cost:
                 if queue.pass_overhead_tokens + length > most:
                     break
                 small[item.request] = min(seq, small.get(item.request, seq))
@@ -298,10 +265,10 @@ class Scheduler:
         self._notify_express(queue)  # every lane may now be busy with a long pass
         return model, items[::parts], False
 
-    def _notify_express(self, queue: _ModelQueue) -> None:
+    def _notify_express(self, queue: _Queue) -> None:
         """Wake the express lane if it may have work in `queue` (lock held): only while every
         lane of its model runs; waking it on every request costs a thread switch each."""
-        if queue.express and queue.by_length and queue.running >= queue.lanes:
+        if queue.express and queue.by_cost and queue.running >= queue.lanes:
             self._express_wakeup.notify()
 
     def finish(self, batch: Batch, error: str | None = None) -> list[PendingRequest]:
@@ -310,7 +277,7 @@ class Scheduler:
         their `error`."""
         finished = []
         with self._lock:
-            queue = self._queues[batch.model]
+            queue = self._queues[batch.queue]
             if not batch.express:
                 queue.running -= 1
                 queue.running_longest.remove(_longest_cost(queue, batch.items))
@@ -326,17 +293,17 @@ class Scheduler:
                 if request.remaining == 0:
                     self._requests.pop(request.request_id, None)
                     finished.append(request)
-            if queue.by_length:
+            if queue.by_cost:
                 self._wakeup.notify()  # a lane of this model is free for them
         return finished
 
     def _drop_waiting(self, request: PendingRequest) -> int:
         """Remove the request's inputs from its queue (lock held); return how many."""
-        queue = self._queues[request.model]
-        kept = [entry for entry in queue.by_length if entry[2].request is not request]
-        dropped = len(queue.by_length) - len(kept)
+        queue = self._queues[request.queue]
+        kept = [entry for entry in queue.by_cost if entry[2].request is not request]
+        dropped = len(queue.by_cost) - len(kept)
         request.remaining -= dropped
-        queue.by_length = kept
+        queue.by_cost = kept
         return dropped
 
     def _model_waiting_longest(self) -> str | None:
@@ -344,8 +311,8 @@ class Scheduler:
             return None
         best, best_seq = None, None
         for name, queue in self._queues.items():
-            if queue.by_length and queue.running < queue.lanes:
-                seq = min(entry[1] for entry in queue.by_length)
+            if queue.by_cost and queue.running < queue.lanes:
+                seq = min(entry[1] for entry in queue.by_cost)
                 if best_seq is None or seq < best_seq:
                     best, best_seq = name, seq
         return best
@@ -355,15 +322,15 @@ def _sort_key(entry: tuple[int, int, Item]) -> tuple[int, int]:
     return entry[0], entry[1]
 
 
-def _longest_cost(queue: _ModelQueue, items: list[Item]) -> float:
+def _longest_cost(queue: _Queue, items: list[Item]) -> float:
     """A pass of the longest of `items` alone: its fixed cost and its tokens."""
-    return queue.pass_overhead_tokens + max(item.length for item in items)
+    return queue.pass_overhead_tokens + max(item.cost for item in items)
 
 
-def _cut(queue: _ModelQueue, now: float) -> list[Item]:
+def _cut(queue: _Queue, now: float) -> list[Item]:
     """Remove and return the next batch of `queue`: the cheapest group, per token, of
     inputs of similar length around the anchor."""
-    entries = queue.by_length
+    entries = queue.by_cost
     anchor = _anchor(entries, queue.pass_overhead_tokens, now)
     lo, hi = _window(entries, anchor, queue.max_batch_tokens, queue.max_batch_size)
     lengths = [entry[0] for entry in entries[lo:hi + 1]]
@@ -441,37 +408,3 @@ def queue_model(queue: str) -> str:
 
 
 _MEDIA = "#media"
-
-
-def _pad(model: str, items: list[Item], pad_id: int, wide: bool = False, express: bool = False) -> Batch:
-    features = None if items[0].features is None else _stacked([i.features for i in items])
-    if features is not None and not len(items[0].ids):
-        nothing = np.zeros((len(items), 0), dtype=np.int64)
-        return Batch(model, items, nothing, nothing, nothing, wide, express, features=features)
-    longest = max(item.length for item in items)
-    input_ids = np.full((len(items), longest), pad_id, dtype=np.int64)
-    attention_mask = np.zeros((len(items), longest), dtype=np.int64)
-    token_type_ids = np.zeros((len(items), longest), dtype=np.int64)
-    read_mask = None
-    if any(item.attended is not None or item.read is not None for item in items):
-        read_mask = np.zeros_like(attention_mask)
-    for row, item in enumerate(items):
-        input_ids[row, :item.length] = item.ids
-        attention_mask[row, :item.length] = 1 if item.attended is None else item.attended
-        if item.type_ids is not None:
-            token_type_ids[row, :item.length] = item.type_ids
-        if read_mask is not None:
-            read_mask[row, :item.length] = 1 if item.read is None else item.read
-    grid = None if items[0].grid is None else np.stack([i.grid for i in items])
-    return Batch(model, items, input_ids, attention_mask, token_type_ids, wide, express, read_mask, features, grid)
-
-
-def _stacked(arrays: list[np.ndarray]) -> np.ndarray:
-    """`arrays` stacked, each zero-padded along its first axis to the longest (images of
-    varying size: the padding patches lie beyond each one's grid)."""
-    if all(a.shape == arrays[0].shape for a in arrays):
-        return np.stack(arrays)
-    out = np.zeros((len(arrays), max(len(a) for a in arrays), *arrays[0].shape[1:]), dtype=arrays[0].dtype)
-    for row, array in enumerate(arrays):
-        out[row, :len(array)] = array
-    return out

@@ -27,13 +27,15 @@ from numpy.lib.format import dtype_to_descr
 
 from infinity.shared import devices, protocol
 from infinity.shared.channel import ChannelClosed, ChannelToFront
+from infinity.shared.kinds import KINDS
 from infinity.shared.protocol import ModelSpec
 from infinity.shared.shm import Arena, SharedMemoryTooSmall
-from workers.inference.scheduler import Batch, Scheduler, media_queue, queue_model
 from workers.engines import set_torch_threads
-from workers.inference.calibration import on_threads, text_lanes, warm_up, warm_up_media
 from workers.heads import LoadedModel, load_model
-from workers.preprocess.media import media_module
+from workers.inference.calibration import on_threads, text_lanes, warm_up, warm_up_media
+from workers.inference.scheduler import Batch, QueuePolicy, Scheduler, media_queue, queue_model
+from workers.preprocess.media import feature_items, media_module
+from workers.preprocess.text import collate_tokens, token_items
 from workers.process import run_child
 
 log = logging.getLogger(__name__)
@@ -60,7 +62,7 @@ def serve(args: protocol.WorkerArgs, channel: ChannelToFront,
                        for spec in args.models if media_module(spec.kind) is not None}
         # A model whose outputs vary in size sends them with `Done`: its arena is empty.
         arenas = {spec.name: Arena(_arena_name(args, spec.name), args.arena_slots,
-                                   0 if models[spec.name].head.ragged else models[spec.name].head.dim, create=True)
+                                   0 if KINDS[spec.kind].ragged else models[spec.name].head.dim, create=True)
                   for spec in args.models}
     except (devices.DeviceUnavailable, SharedMemoryTooSmall) as exc:  # a configuration error: no traceback
         channel.send(protocol.StartupFailed(args.name, str(exc)))
@@ -73,18 +75,22 @@ def serve(args: protocol.WorkerArgs, channel: ChannelToFront,
     # Each queue's model and arena: a model's texts, and a two-tower model's media apart.
     by_queue = {}
     for spec in args.models:
-        engine, lanes = models[spec.name].engine, lanes_of[spec.name]
-        scheduler.add_model(spec.name, spec.max_batch_tokens, spec.max_batch_size, engine.pad_id,
-                            *costs[spec.name], lanes.count, lanes.widens, engine.express)
-        by_queue[spec.name] = _Queue(models[spec.name], arenas[spec.name], lanes.threads, wide_runner)
+        model, kind, lanes = models[spec.name], KINDS[spec.kind], lanes_of[spec.name]
+        overhead, padding_weight = costs[spec.name]
+        scheduler.add_queue(spec.name, QueuePolicy(spec.max_batch_tokens, spec.max_batch_size, overhead,
+                                                   padding_weight, lanes.count, lanes.widens, model.engine.express))
+        by_queue[spec.name] = _Queue(model, arenas[spec.name], kind.ragged,
+                                     partial(collate_tokens, pad_id=model.engine.pad_id), False, lanes.threads,
+                                     wide_runner)
         if spec.name in media_costs:
-            overhead, lanes = media_costs[spec.name]
+            overhead, count = media_costs[spec.name]
             # Lanes of single-threaded passes; a lone item while the others idle runs on every thread.
-            scheduler.add_model(media_queue(spec.name), spec.max_batch_tokens, spec.max_batch_size, engine.pad_id,
-                                overhead, 1.0, lanes, widens=lanes > 1)
-            by_queue[media_queue(spec.name)] = _Queue(models[spec.name], arenas[spec.name],
-                                                      (args.threads // lanes, args.threads) if lanes > 1 else None,
-                                                      wide_runner)
+            scheduler.add_queue(media_queue(spec.name), QueuePolicy(spec.max_batch_tokens, spec.max_batch_size,
+                                                                    overhead, 1.0, count, widens=count > 1))
+            by_queue[media_queue(spec.name)] = _Queue(
+                model, arenas[spec.name], kind.ragged, partial(media_module(spec.kind).collate,
+                                                               pad_id=model.engine.pad_id),
+                True, (args.threads // count, args.threads) if count > 1 else None, wide_runner)
     threading.Thread(target=_guarded, args=(_receive, channel, scheduler), daemon=True, name="receiver").start()
     for lane in range(1, scheduler.lanes):
         threading.Thread(target=_guarded, args=(_serve, by_queue, scheduler, channel), daemon=True,
@@ -95,7 +101,7 @@ def serve(args: protocol.WorkerArgs, channel: ChannelToFront,
     infos = [protocol.ModelInfo(spec.name, spec.kind, models[spec.name].head.dim, spec.max_length,
                                 models[spec.name].head.labels, models[spec.name].head.activation,
                                 arenas[spec.name].name, args.arena_slots, models[spec.name].engine.name,
-                                models[spec.name].head.ragged, models[spec.name].dtype)
+                                KINDS[spec.kind].ragged, models[spec.name].dtype)
              for spec in args.models]
     channel.send(protocol.Ready(args.name, os.getpid(), infos))
     _serve(by_queue, scheduler, channel)
@@ -111,6 +117,10 @@ class _Queue:
 
     model: LoadedModel
     arena: Arena
+    ragged: bool  # its outputs vary in size: they go with the request's `Done`, not into the arena
+    # A batch's payloads -> the arrays of its pass (the medium's collation, workers/preprocess).
+    collate: Callable[[list], dict[str, np.ndarray]]
+    media: bool  # its passes are the model's media pass
     # Where the queue's passes run in single-threaded lanes: the torch threads of a lane's
     # pass and of a wide one; None: the threads set at start.
     threads: tuple[int, int] | None = None
@@ -134,39 +144,37 @@ def _run_queued(batch: Batch, by_queue: dict[str, _Queue], scheduler: Scheduler,
     """Run a batch with its queue's model and arena, on the torch threads the queue's
     passes take where it runs lanes (a lane's pass its share, a wide pass every thread,
     from the wide passes' own thread where the queue has one)."""
-    queue = by_queue[batch.model]
+    queue = by_queue[batch.queue]
     if queue.threads is None:
-        _run(batch, queue.model, queue.arena, scheduler, channel)
+        _run(batch, queue, scheduler, channel)
     else:
-        on_threads(queue.threads[batch.wide], partial(_run, batch, queue.model, queue.arena, scheduler, channel),
-                    queue.wide_runner if batch.wide else None)
+        on_threads(queue.threads[batch.wide], partial(_run, batch, queue, scheduler, channel),
+                   queue.wide_runner if batch.wide else None)
 
 
-def _run(batch: Batch, model: LoadedModel, arena: Arena, scheduler: Scheduler, channel: ChannelToFront) -> None:
+def _run(batch: Batch, queue: _Queue, scheduler: Scheduler, channel: ChannelToFront) -> None:
     """Run one batch; send what it ran and the answers of the requests it finished, together."""
-    log.debug("batch of %d inputs, %d x %d tokens%s", len(batch.items), *batch.input_ids.shape,
-              ", wide" if batch.wide else "")
+    padded = len(batch.items) * max(item.cost for item in batch.items)  # tokens, patches, frames
+    log.debug("batch of %d inputs, %d padded%s", len(batch.items), padded, ", wide" if batch.wide else "")
     start = time.monotonic()  # the scheduler's clock
     try:
-        if batch.features is not None:
-            prompts = (batch.input_ids, batch.attention_mask, batch.token_type_ids) if batch.input_ids.size else ()
-            vectors = model.forward_media(batch.features, *prompts, grid=batch.grid)
+        arrays = queue.collate([item.payload for item in batch.items])
+        if queue.media:
+            vectors = queue.model.forward_media(arrays)
         else:
-            vectors = model.forward(batch.input_ids, batch.attention_mask, batch.token_type_ids, wide=batch.wide,
-                                    read_mask=batch.read_mask, express=batch.express)
+            vectors = queue.model.forward(**arrays, wide=batch.wide, express=batch.express)
     except Exception as exc:
         log.exception("forward pass failed for a batch of %d", len(batch.items))
         finished = scheduler.finish(batch, error=f"inference failed: {exc}")
         messages: list[protocol.Message] = []
     else:
-        if model.head.ragged:
+        if queue.ragged:
             for item, output in zip(batch.items, vectors):
                 item.request.outputs[item.slot] = output
         else:
-            arena.rows[[item.slot for item in batch.items]] = vectors
+            queue.arena.rows[[item.slot for item in batch.items]] = vectors
         finished = scheduler.finish(batch)
-        tokens = sum(item.media_cost for item in batch.items) if batch.features is not None else batch.input_ids.size
-        messages = [protocol.BatchRan(queue_model(batch.model), len(batch.items), tokens,
+        messages = [protocol.BatchRan(queue_model(batch.queue), len(batch.items), padded,
                                       [start - item.arrived for item in batch.items], time.monotonic() - start)]
     for request in finished:
         if request.error is not None:
@@ -183,10 +191,6 @@ def _ragged(outputs: dict[int, np.ndarray]) -> protocol.Ragged:
     arrays = list(outputs.values())
     return protocol.Ragged(list(outputs), dtype_to_descr(arrays[0].dtype), [list(array.shape) for array in arrays],
                            b"".join(np.ascontiguousarray(array).tobytes() for array in arrays))
-
-
-def _masks(masks: protocol.TokenMasks | None) -> tuple[bytes | None, bytes | None]:
-    return (None, None) if masks is None else (masks.attended, masks.read)
 
 
 def _guarded(target: Callable[..., None], *args: object) -> None:
@@ -207,20 +211,15 @@ def _receive(channel: ChannelToFront, scheduler: Scheduler) -> None:
 
 
 def _take_message(message: protocol.Message, channel: ChannelToFront, scheduler: Scheduler) -> None:
-    """Queue a request's inputs, or apply its cancellation."""
-    if isinstance(message, protocol.Infer) and message.features is not None:
-        features = np.frombuffer(message.features, dtype=np.float32).reshape(message.feature_shape)
-        ids = np.frombuffer(message.ids, dtype="<i4") if message.ids else None
-        type_ids = None if message.type_ids is None else np.frombuffer(message.type_ids, dtype=np.int8)
-        grid = None if message.feature_grid is None else np.array(message.feature_grid, dtype=np.int64)
-        scheduler.submit_media(message.request_id, media_queue(message.model), features, message.lengths,
-                               message.slots, ids, type_ids, grid)
-    elif isinstance(message, protocol.Infer):
-        ids = np.frombuffer(message.ids, dtype="<i4")
-        type_ids, attended, read = (None if flags is None else np.frombuffer(flags, dtype=np.int8)
-                                    for flags in (message.type_ids, *_masks(message.masks)))
-        scheduler.submit(message.request_id, message.model, ids, message.lengths, message.slots, type_ids,
-                         attended, read)
+    """Queue a request's inputs (texts on its model's queue, media on its media queue), or
+    apply its cancellation."""
+    if isinstance(message, protocol.Infer):
+        inputs = message.inputs
+        if isinstance(inputs, protocol.TokenInputs):
+            queue, (costs, items) = message.model, token_items(inputs)
+        else:
+            queue, (costs, items) = media_queue(message.model), feature_items(inputs)
+        scheduler.submit(message.request_id, queue, message.slots, costs, items)
     elif isinstance(message, protocol.Cancel):
         dropped, finished = scheduler.cancel(message.request_id)
         log.info("request %d: client gone, %d waiting inputs dropped", message.request_id, dropped)

@@ -2,7 +2,7 @@
 processes: each item decoded (`workers.preprocess.audio_decoding`: a data: URI or fetched bytes, with the
 server's limits) at the rate the model's feature extractor takes, cut to its window
 (the first `max_length_s` seconds), and turned into spectrograms by the folder's own
-feature extractor, into one float32 array sent to the inference process.
+feature extractor: its `input_features`, with `is_longer` false for every clip.
 
 Cutting first keeps a clip's vector the same from request to request: the feature
 extractor crops a longer clip at random (and its `fusion` mode marks a random clip of a
@@ -16,12 +16,10 @@ import numpy as np
 from infinity.shared import protocol
 from infinity.shared.protocol import ModelSpec
 from workers.preprocess.audio_decoding import AudioLimits, decode_audio
-from workers.preprocess.media import MediaExample, item_bytes
+from workers.preprocess.media import item_bytes, stack_items
 
 
 class Preprocessor:
-    takes_text = False  # texts go to the model's tokenizer
-
     def __init__(self, spec: ModelSpec, args: protocol.WorkerArgs) -> None:
         self._extractor = _feature_extractor(spec)
         self._rate = int(self._extractor.sampling_rate)
@@ -33,16 +31,24 @@ class Preprocessor:
         clips = [decode_audio(item_bytes(item, f"input[{i}]", self._limits.max_bytes, "audio"), f"input[{i}]",
                               self._limits, self._rate)[:self._window]
                  for i, item in enumerate(request.media or [])]
-        features = _spectrograms(self._extractor, clips)
-        return protocol.Tokenized(request.request_id, b"", [features.shape[2]] * len(clips), 0,
-                                  features=features.tobytes(), feature_shape=list(features.shape))
+        return protocol.Tokenized(request.request_id, _inputs(_spectrograms(self._extractor, clips)))
 
 
-def example_features(spec: ModelSpec, count: int) -> MediaExample:
+def example(spec: ModelSpec, count: int) -> protocol.FeatureInputs:
     """`count` silent clips' spectrograms as the audio tower takes them; each costs its frames."""
     extractor = _feature_extractor(spec)
-    features = _spectrograms(extractor, [np.zeros(int(extractor.nb_max_samples), dtype=np.float32)] * count)
-    return MediaExample(features, features.shape[2])
+    return _inputs(_spectrograms(extractor, [np.zeros(int(extractor.nb_max_samples), dtype=np.float32)] * count))
+
+
+collate = stack_items
+
+
+def _inputs(features: np.ndarray) -> protocol.FeatureInputs:
+    """The audio tower's inputs of clips' spectrograms: no clip is longer than the window,
+    so none is marked longer (which would fuse a random crop of it)."""
+    longer = np.zeros((len(features), 1), dtype=bool)
+    return protocol.FeatureInputs([protocol.ArrayPart.of("input_features", features),
+                                   protocol.ArrayPart.of("is_longer", longer)], [features.shape[2]] * len(features))
 
 
 def _feature_extractor(spec: ModelSpec):  # noqa: ANN202 (transformers stays lazy)

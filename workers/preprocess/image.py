@@ -1,8 +1,8 @@
 """Images made ready for a two-tower model's vision tower, in the tokenizer processes:
-each item decoded (`workers.preprocess.image_decoding`: a data: URI or fetched bytes, with the server's
-limits) and run through the folder's own image processor (resize, crop, normalise, as
-transformers does for the reference), into one float32 array sent to the inference
-process. An image costs the batcher its patches."""
+each item decoded (`workers.preprocess.image_decoding`: a data: URI or fetched bytes, with
+the server's limits) and run through the folder's own image processor (resize, crop,
+normalise, as transformers does for the reference) into its `pixel_values`. An image
+costs the batcher, and is billed, its patches."""
 
 from __future__ import annotations
 
@@ -15,12 +15,10 @@ from infinity.shared import protocol
 from infinity.shared.folders import image_patches
 from infinity.shared.protocol import ModelSpec
 from workers.preprocess.image_decoding import ImageLimits, decode_image
-from workers.preprocess.media import MediaExample, item_bytes
+from workers.preprocess.media import item_bytes, stack_items
 
 
 class Preprocessor:
-    takes_text = False  # texts go to the model's tokenizer
-
     def __init__(self, spec: ModelSpec, args: protocol.WorkerArgs) -> None:
         from transformers import AutoImageProcessor
 
@@ -36,19 +34,21 @@ class Preprocessor:
             image, info = decode_image(item_bytes(item, name, self._limits.max_bytes, "image"), name, self._limits)
             images.append(image)
             infos.append(info)
-        pixels = np.ascontiguousarray(self._processor(images=images, return_tensors="np")["pixel_values"],
-                                      dtype=np.float32)
-        return protocol.Tokenized(request.request_id, b"", [self._patches] * len(images), 0,
-                                  features=pixels.tobytes(), feature_shape=list(pixels.shape), image_info=infos)
+        pixels = np.asarray(self._processor(images=images, return_tensors="np")["pixel_values"], dtype=np.float32)
+        return protocol.Tokenized(request.request_id, protocol.FeatureInputs(
+            [protocol.ArrayPart.of("pixel_values", pixels)], [self._patches] * len(images), infos))
 
 
-def example_features(spec: ModelSpec, count: int) -> MediaExample:
+def example(spec: ModelSpec, count: int) -> protocol.FeatureInputs:
     """`count` blank images as the vision tower takes them; each costs its patches."""
     config = _config(spec)
     vision = config["vision_config"]
     side = int(vision["image_size"])
     pixels = np.zeros((count, int(vision.get("num_channels", 3)), side, side), dtype=np.float32)
-    return MediaExample(pixels, image_patches(config))
+    return protocol.FeatureInputs([protocol.ArrayPart.of("pixel_values", pixels)], [image_patches(config)] * count)
+
+
+collate = stack_items
 
 
 def _config(spec: ModelSpec) -> dict:

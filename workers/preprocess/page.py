@@ -1,7 +1,8 @@
 """Text queries and page images made ready for a page-retrieval model (ColPali, ColQwen2),
 in the tokenizer processes, by the folder's own processor: a query gets its prompt and
-query augmentation (`process_queries`), an image (decoded by `workers.preprocess.image_decoding`, with the
-server's limits) its image tokens and prompt and its pixels (`process_images`), exactly
+query augmentation (`process_queries`), an image (decoded by
+`workers.preprocess.image_decoding`, with the server's limits) its image tokens and prompt
+and its pixels (`process_images`), exactly
 the inputs transformers' reference computation feeds the model: token types where the
 processor gives them (PaliGemma's attention depends on them), each image's patch grid
 where images vary in size (ColQwen2's `image_grid_thw`; its pixels are padded to the
@@ -16,20 +17,19 @@ import numpy as np
 
 from infinity.shared import protocol
 from infinity.shared.protocol import ModelSpec
-from workers.preprocess.image_decoding import ImageLimits, decode_image
-from workers.preprocess.media import MediaExample, item_bytes
 from workers.preprocess import InputError
+from workers.preprocess.image_decoding import ImageLimits, decode_image
+from workers.preprocess.media import item_bytes, stack_items
+from workers.preprocess.text import TokenItem, collate_tokens
 
 
 class Preprocessor:
-    takes_text = True  # queries get the processor's prompt and augmentation
-
     def __init__(self, spec: ModelSpec, args: protocol.WorkerArgs) -> None:
         self._processor = _processor(spec)
         self._limits = ImageLimits(args.max_image_bytes, args.max_image_pixels)
 
     def prepare(self, request: protocol.Tokenize) -> protocol.Tokenized:
-        """The answer to a `Tokenize` of queries or page images."""
+        """The answer to a `Tokenize` of queries (token ids) or page images (features)."""
         if request.media is not None:
             images, infos = [], []
             for i, item in enumerate(request.media):
@@ -37,23 +37,33 @@ class Preprocessor:
                                            f"input[{i}]", self._limits)
                 images.append(image)
                 infos.append(info)
-            encoded = _numpy(self._processor.process_images(images))
-            pixels = np.ascontiguousarray(encoded["pixel_values"], dtype=np.float32)
-            return _tokenized(request.request_id, encoded, pixels, infos)
+            return protocol.Tokenized(request.request_id, _pages(_numpy(self._processor.process_images(images)),
+                                                                 infos))
         if request.texts is None:
             raise InputError("this model takes texts (queries) or images (pages), not token ids")
-        return _tokenized(request.request_id, _numpy(self._processor.process_queries(request.texts)))
+        encoded = _numpy(self._processor.process_queries(request.texts))
+        ids, types, lengths = _attended_tokens(encoded)
+        return protocol.Tokenized(request.request_id, protocol.TokenInputs(
+            ids.astype("<i4").tobytes(), lengths, types.astype(np.int8).tobytes()))
 
 
-def example_features(spec: ModelSpec, count: int) -> MediaExample:
+def example(spec: ModelSpec, count: int) -> protocol.FeatureInputs:
     """`count` blank pages as the model takes them, with their prompts; each costs its tokens."""
     from PIL import Image
 
-    processor = _processor(spec)
-    encoded = _numpy(processor.process_images([Image.new("RGB", (64, 64))] * count))
-    ids = encoded["input_ids"].astype(np.int64)
-    return MediaExample(np.ascontiguousarray(encoded["pixel_values"], dtype=np.float32), ids.shape[1], ids,
-                        encoded.get("image_grid_thw"))
+    return _pages(_numpy(_processor(spec).process_images([Image.new("RGB", (64, 64))] * count)))
+
+
+def collate(items: list[dict[str, np.ndarray]], pad_id: int) -> dict[str, np.ndarray]:
+    """A batch of pages: their prompts' tokens padded as texts are (with their attention
+    mask), their pixels (and patch grids) stacked."""
+    arrays = collate_tokens([TokenItem(item["input_ids"], item["token_type_ids"]) for item in items], pad_id)
+    arrays.update(stack_items([{name: array for name, array in item.items() if name not in _TOKENS}
+                               for item in items]))
+    return arrays
+
+
+_TOKENS = ("input_ids", "token_type_ids")
 
 
 def _processor(spec: ModelSpec):  # noqa: ANN202 (transformers stays lazy)
@@ -68,15 +78,22 @@ def _numpy(encoded: dict) -> dict[str, np.ndarray]:
     return {key: value.numpy() for key, value in encoded.items()}
 
 
-def _tokenized(request_id: int, encoded: dict, pixels: np.ndarray | None = None,
-               infos: list[protocol.ImageInfo] | None = None) -> protocol.Tokenized:
-    """The attended tokens of each row of the processor's output, concatenated."""
+def _attended_tokens(encoded: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray, list[int]]:
+    """The attended tokens of each row of the processor's output, concatenated, with their
+    token types (zero where the processor gives none), and each row's count."""
     attended = encoded["attention_mask"].astype(bool)
     types = encoded.get("token_type_ids")
     types = np.zeros_like(encoded["input_ids"]) if types is None else types
-    return protocol.Tokenized(
-        request_id, encoded["input_ids"][attended].astype("<i4").tobytes(), attended.sum(axis=1).tolist(), 0,
-        type_ids=types[attended].astype(np.int8).tobytes(),
-        features=None if pixels is None else pixels.tobytes(),
-        feature_shape=None if pixels is None else list(pixels.shape), image_info=infos,
-        feature_grid=encoded["image_grid_thw"].tolist() if "image_grid_thw" in encoded else None)
+    return encoded["input_ids"][attended], types[attended], attended.sum(axis=1).tolist()
+
+
+def _pages(encoded: dict[str, np.ndarray], infos: list[protocol.ImageInfo] | None = None) -> protocol.FeatureInputs:
+    """Pages as the model takes them: their pixels (padded to the largest page), their
+    prompts' attended tokens, and each one's patch grid where pages vary in size."""
+    ids, types, lengths = _attended_tokens(encoded)
+    arrays = [protocol.ArrayPart.of("pixel_values", encoded["pixel_values"].astype(np.float32)),
+              protocol.ArrayPart.of("input_ids", ids.astype(np.int64), rows=lengths),
+              protocol.ArrayPart.of("token_type_ids", types.astype(np.int64), rows=lengths)]
+    if "image_grid_thw" in encoded:
+        arrays.append(protocol.ArrayPart.of("image_grid_thw", encoded["image_grid_thw"].astype(np.int64)))
+    return protocol.FeatureInputs(arrays, lengths, infos)

@@ -1,8 +1,10 @@
-"""Turning request inputs into token ids: fast tokenizers, truncation, real token counts.
+"""Texts: turning request inputs into token ids (fast tokenizers, truncation, real token
+counts), and, in the inference process, splitting a request's `TokenInputs` into its
+inputs and padding a batch of them (`token_items`, `collate_tokens`).
 
-Padding is never applied here (a model's tokenizer.json may pad every input to a fixed
-length, which makes the model several times slower on short inputs): the inference
-process pads each batch to its own longest input.
+Padding is never applied when tokenizing (a model's tokenizer.json may pad every input to
+a fixed length, which makes the model several times slower on short inputs): the
+inference process pads each batch to its own longest input.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import msgspec
@@ -106,7 +109,7 @@ class ModelTokenizer:
             sequences, truncated = self._check_token_ids(request.token_ids or [])
         lengths = [len(s) for s in sequences]
         ids = np.fromiter((t for s in sequences for t in s), dtype="<i4", count=sum(lengths))
-        return protocol.Tokenized(request.request_id, ids.tobytes(), lengths, truncated, type_ids)
+        return protocol.Tokenized(request.request_id, protocol.TokenInputs(ids.tobytes(), lengths, type_ids), truncated)
 
     def _readable(self, texts: list[str]) -> tuple[list[str], list[bool]]:
         """What of each text the tokenizer reads (lower-cased if the model wants it), and
@@ -203,16 +206,19 @@ class TaskTokenizer:
         if encoding.prompt and request.texts is not None:
             request = msgspec.structs.replace(request, texts=[encoding.prompt + text for text in request.texts])
         answer = tokenizer.tokenize(request)
+        inputs = answer.inputs
+        assert isinstance(inputs, protocol.TokenInputs)
         if encoding.expand_to:
-            answer = _expand(answer, encoding)
+            inputs = _expand(inputs, encoding)
         if encoding.skip_ids:
-            read = ~np.isin(np.frombuffer(answer.ids, dtype="<i4"), encoding.skip_ids)
-            attended = None if answer.masks is None else answer.masks.attended
-            answer.masks = protocol.TokenMasks(attended, read.astype(np.int8).tobytes())
+            read = ~np.isin(np.frombuffer(inputs.ids, dtype="<i4"), encoding.skip_ids)
+            attended = None if inputs.masks is None else inputs.masks.attended
+            inputs.masks = protocol.TokenMasks(attended, read.astype(np.int8).tobytes())
+        answer.inputs = inputs
         return answer
 
 
-def _expand(answer: protocol.Tokenized, encoding: protocol.TaskEncoding) -> protocol.Tokenized:
+def _expand(answer: protocol.TokenInputs, encoding: protocol.TaskEncoding) -> protocol.TokenInputs:
     """ColBERT's query expansion: each input shorter than `expand_to` tokens filled up to
     it with the expansion token, attended to by the encoder only if the model says so."""
     ids = np.frombuffer(answer.ids, dtype="<i4")
@@ -224,5 +230,59 @@ def _expand(answer: protocol.Tokenized, encoding: protocol.TaskEncoding) -> prot
         attended += [np.ones(length, dtype=np.int8), np.full(added, int(encoding.attend_expansion), dtype=np.int8)]
         lengths.append(length + added)
     masks = None if encoding.attend_expansion else protocol.TokenMasks(np.concatenate(attended).tobytes())
-    return protocol.Tokenized(answer.request_id, np.concatenate(pieces).tobytes(), lengths, answer.truncated,
-                              answer.type_ids, masks, added=sum(lengths) - sum(answer.lengths))
+    return protocol.TokenInputs(np.concatenate(pieces).tobytes(), lengths, answer.type_ids, masks,
+                                added=sum(lengths) - sum(answer.lengths))
+
+
+@dataclass(frozen=True, slots=True)
+class TokenItem:
+    """One input of `TokenInputs` as the inference process queues it."""
+
+    ids: np.ndarray  # int32
+    type_ids: np.ndarray | None = None  # int8 segment per token (None: all zero)
+    attended: np.ndarray | None = None  # int8 per token: the encoder attends to it (None: all)
+    read: np.ndarray | None = None  # int8 per token: the head reads its state (None: all)
+
+
+def token_items(inputs: protocol.TokenInputs) -> tuple[list[int], list[TokenItem]]:
+    """(what each input costs a pass: its length, each input) of `inputs`."""
+    ids = np.frombuffer(inputs.ids, dtype="<i4")
+    type_ids, attended, read = (None if flags is None else np.frombuffer(flags, dtype=np.int8)
+                                for flags in (inputs.type_ids, *_masks(inputs.masks)))
+    offsets = np.cumsum([0, *inputs.lengths])
+    items = []
+    for start, end in zip(offsets[:-1], offsets[1:]):
+        items.append(TokenItem(ids[start:end], None if type_ids is None else type_ids[start:end],
+                               None if attended is None else attended[start:end],
+                               None if read is None else read[start:end]))
+    return inputs.lengths, items
+
+
+def _masks(masks: protocol.TokenMasks | None) -> tuple[bytes | None, bytes | None]:
+    return (None, None) if masks is None else (masks.attended, masks.read)
+
+
+def collate_tokens(items: list[TokenItem], pad_id: int) -> dict[str, np.ndarray]:
+    """A padded batch of `items`: (n, longest) int64 `input_ids` (right-padded with
+    `pad_id`), `attention_mask` and `token_type_ids`, and `read_mask` (the tokens whose
+    states the head reads) where some input's differ from the attended ones (ColBERT's
+    query expansion, skipped tokens)."""
+    longest = max(len(item.ids) for item in items)
+    input_ids = np.full((len(items), longest), pad_id, dtype=np.int64)
+    attention_mask = np.zeros((len(items), longest), dtype=np.int64)
+    token_type_ids = np.zeros((len(items), longest), dtype=np.int64)
+    read_mask = None
+    if any(item.attended is not None or item.read is not None for item in items):
+        read_mask = np.zeros_like(attention_mask)
+    for row, item in enumerate(items):
+        length = len(item.ids)
+        input_ids[row, :length] = item.ids
+        attention_mask[row, :length] = 1 if item.attended is None else item.attended
+        if item.type_ids is not None:
+            token_type_ids[row, :length] = item.type_ids
+        if read_mask is not None:
+            read_mask[row, :length] = 1 if item.read is None else item.read
+    arrays = {"input_ids": input_ids, "attention_mask": attention_mask, "token_type_ids": token_type_ids}
+    if read_mask is not None:
+        arrays["read_mask"] = read_mask
+    return arrays

@@ -18,6 +18,7 @@ from infinity.api.metrics import MODEL
 from infinity.client.engine_client import EngineClient, Result
 from infinity.api.types.common import Usage
 from infinity.client.topology import ServedModel
+from infinity.shared.kinds import kinds_with
 
 ENGINE_CLIENT = web.AppKey("engine_client", EngineClient)
 CONFIG = web.AppKey("config", Config)
@@ -27,17 +28,17 @@ FETCHER = web.AppKey("media_fetcher", MediaFetcher)
 MODEL_ERRORS = (400, 404, 408, 413, 415, 422, 429, 503)
 # The model name infinity's generated client sends when its caller names none.
 UNNAMED_MODEL = "default/not-specified"
-# What each model kind serves (in infinity's capability names), and where.
-KIND_CAPABILITIES = {"embed": ["embed"], "multivector": ["embed", "rerank"], "sparse": ["sparse"],
-                     "rerank": ["rerank"], "classify": ["classify"], "image_text": ["embed", "image_embed"],
-                     "audio_text": ["embed", "audio_embed"],
-                     "image_multivector": ["embed", "image_embed", "rerank"]}
-# Kinds that give a vector per token and score by late interaction (MaxSim).
-LATE_INTERACTION_KINDS = ("multivector", "image_multivector")
-CAPABILITY_ROUTES = {"embed": "/v1/embeddings", "image_embed": "/v1/embeddings (modality image)",
-                     "audio_embed": "/v1/embeddings (modality audio)",
-                     "sparse": "/v1/embed_sparse (and /v1/embeddings)",
-                     "rerank": "/v1/rerank", "classify": "/v1/classify"}
+# The operations that serve each kind ("POST /v1/rerank", ...), from the routes' tables:
+# what a request naming a model of another kind is told to use.
+KIND_ROUTES = web.AppKey("kind_routes", dict)
+
+
+def kinds_serving(*capabilities: str, vector_per_input: bool = False) -> tuple[str, ...]:
+    """The kinds (`infinity.shared.kinds.KINDS`) that serve any of `capabilities`; with
+    `vector_per_input`, only those answering one vector of a fixed size per input: what a
+    route declares it serves."""
+    return kinds_with(lambda kind: bool(set(capabilities) & set(kind.capabilities))
+                      and not (vector_per_input and kind.ragged))
 
 
 @dataclass(frozen=True)
@@ -50,8 +51,8 @@ class Route:
 
 
 def served_model(request: web.Request, name: str | None, kinds: tuple[str, ...]) -> ServedModel:
-    """The model a request names, which must be of one of the route's `kinds` (the first
-    names the route); without a name, the only model of those kinds."""
+    """The model a request names, which must be of one of the route's `kinds`; without a
+    name, the only model of those kinds."""
     models = request.app[ENGINE_CLIENT].models
     if name is None or name == UNNAMED_MODEL:
         of_kind = [m for m in models.values() if m.spec.kind in kinds]
@@ -66,9 +67,9 @@ def served_model(request: web.Request, name: str | None, kinds: tuple[str, ...])
                        param="model", code="model_not_found")
     request[MODEL] = model.spec.name
     if model.spec.kind not in kinds:
-        routes = " and ".join(f"POST {CAPABILITY_ROUTES[c]}" for c in KIND_CAPABILITIES[model.spec.kind])
-        raise APIError(400, f"model '{name}' is of kind '{model.spec.kind}'; it serves {routes}, not the {kinds[0]} "
-                            "route", param="model", code="wrong_model_kind")
+        routes = " and ".join(request.app[KIND_ROUTES][model.spec.kind])
+        raise APIError(400, f"model '{name}' is of kind '{model.spec.kind}'; it serves {routes}, not this route",
+                       param="model", code="wrong_model_kind")
     return model
 
 

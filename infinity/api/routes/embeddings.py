@@ -14,24 +14,24 @@ from aiohttp import web
 
 from infinity.api import openapi
 from infinity.api.errors import APIError
-from infinity.api.media_fetch import media_bytes
-from infinity.client.engine_client import Result
-from infinity.api.quantize import EmbeddingType, encode, encode_matrix
-from infinity.api.routes.common import (CONFIG, FETCHER, LATE_INTERACTION_KINDS, MODEL_ERRORS, ENGINE_CLIENT, Route, max_items,
-                                    served_model, usage)
 from infinity.api.inputs import output_types, text_inputs, text_or_token_inputs
+from infinity.api.media_fetch import media_bytes
+from infinity.api.quantize import EmbeddingType, encode, encode_matrix
+from infinity.api.routes.common import (CONFIG, ENGINE_CLIENT, FETCHER, MODEL_ERRORS, Route, kinds_serving, max_items,
+                                        served_model, usage)
 from infinity.api.types.common import ApiVersion, BilledUnits, CohereMeta, ImagePart, InputTokens, TextPart
-from infinity.api.types.embeddings import AudioUrlPart, CohereEmbedRequest, CohereEmbedResponse, CohereImage, EmbeddingData, EmbeddingRequest, EmbeddingResponse, SparseEmbedRequest, SparseEmbedResponse, SparseEmbedding, SparseValue
-from infinity.client.engine_client import ModelInputs
-from infinity.shared.media import MEDIUM_OF_KIND
+from infinity.api.types.embeddings import (AudioUrlPart, CohereEmbedRequest, CohereEmbedResponse, CohereImage,
+                                           EmbeddingData, EmbeddingRequest, EmbeddingResponse, SparseEmbedRequest,
+                                           SparseEmbedResponse, SparseEmbedding, SparseValue)
+from infinity.client.engine_client import ModelInputs, Result
 from infinity.client.topology import ServedModel
 
 # the model kinds each route serves
-OPENAI_KINDS = ("embed", "multivector", "sparse", "image_text", "audio_text", "image_multivector")
-COHERE_KINDS = ("embed", "image_text")
-IMAGE_KINDS = ("image_text", "image_multivector")
-AUDIO_KINDS = ("audio_text",)
-SPARSE_KINDS = ("sparse",)
+OPENAI_KINDS = kinds_serving("embed", "sparse")
+COHERE_KINDS = kinds_serving("embed", vector_per_input=True)
+IMAGE_KINDS = kinds_serving("image_embed")
+AUDIO_KINDS = kinds_serving("audio_embed")
+SPARSE_KINDS = kinds_serving("sparse")
 
 
 async def embeddings(request: web.Request, body: EmbeddingRequest) -> EmbeddingResponse:
@@ -41,7 +41,7 @@ async def embeddings(request: web.Request, body: EmbeddingRequest) -> EmbeddingR
     body = _with_input(body)
     if body.modality == "text":
         inputs = text_or_token_inputs(body.input, max_items(request))
-    elif body.modality == MEDIUM_OF_KIND.get(model.spec.kind):
+    elif body.modality == model.kind.medium:
         inputs = ModelInputs(media=await media_bytes(request.app[FETCHER], body.input,
                                                      request.app[CONFIG].media.max_bytes(body.modality),
                                                      max_items(request)))
@@ -49,13 +49,13 @@ async def embeddings(request: web.Request, body: EmbeddingRequest) -> EmbeddingR
         # Not read as text: a data: URI or URL embedded as words would be a wrong vector.
         raise APIError(422, f"model '{model.spec.name}' does not embed {body.modality} inputs (it is of kind "
                             f"'{model.spec.kind}')", param="modality")
-    if model.spec.kind == "sparse":
+    if model.kind.sparse:
         return await _sparse(request, model, inputs, body)
     if body.top_k is not None:
         raise APIError(422, f"top_k applies to sparse models; '{model.spec.name}' is of kind '{model.spec.kind}'",
                        param="top_k")
     types = body.output_types(request.app[CONFIG].server.embedding_type)
-    if model.spec.kind in LATE_INTERACTION_KINDS:
+    if model.kind.late_interaction:
         return await _multivector(request, model, inputs, body, types)
     # 0 asks for every dimension, as in infinity (its generated client sends 0 by default).
     result, rows = await _embed(request, model, inputs, body.dimensions or None, "dimensions")
@@ -130,7 +130,7 @@ async def cohere_embed(request: web.Request, body: CohereEmbedRequest) -> Cohere
     texts, images = _cohere_inputs(body)
     if images is None:
         inputs = text_inputs(texts, max_items(request), "texts")
-    elif model.spec.kind == "image_text":
+    elif model.kind.medium == "image":
         inputs = ModelInputs(media=await media_bytes(request.app[FETCHER], images,
                                                      request.app[CONFIG].media.max_image_bytes, max_items(request)))
     else:
@@ -142,8 +142,8 @@ async def cohere_embed(request: web.Request, body: CohereEmbedRequest) -> Cohere
     embeddings = ({t: encode(rows, "float", True) if t == "base64" else encode(rows, t) for t in types}
                   if by_type else encode(rows, "float"))
     tokens = result.prompt_tokens
-    described = (UNSET if result.image_info is None
-                 else [CohereImage(*msgspec.structs.astuple(info)) for info in result.image_info])
+    described = (UNSET if result.info is None
+                 else [CohereImage(*msgspec.structs.astuple(info)) for info in result.info])
     return CohereEmbedResponse(
         id=uuid.uuid4().hex, embeddings=embeddings, texts=texts or [], images=described,  # type: ignore[arg-type]
         meta=CohereMeta(ApiVersion(version), BilledUnits(input_tokens=tokens), InputTokens(tokens)),

@@ -13,18 +13,18 @@ from aiohttp import web
 from msgspec import UNSET
 
 from infinity.api import openapi
-from infinity.client.engine_client import Result
-from infinity.api.media_fetch import media_bytes
-from infinity.api.routes.common import (CONFIG, FETCHER, LATE_INTERACTION_KINDS, MODEL_ERRORS, ENGINE_CLIENT, Route, max_items,
-                                    served_model, usage)
 from infinity.api.inputs import page_documents, rerank_inputs, text_or_token_inputs
+from infinity.api.media_fetch import media_bytes
+from infinity.api.routes.common import (CONFIG, ENGINE_CLIENT, FETCHER, MODEL_ERRORS, Route, kinds_serving, max_items,
+                                        served_model, usage)
 from infinity.api.types.common import ApiVersion, BilledUnits, CohereMeta, InputTokens, Usage
-from infinity.api.types.scores import ClassifyRequest, ClassifyResponse, LabelScore, RerankDocument, RerankRequest, RerankResponse, RerankResult
-from infinity.client.engine_client import ModelInputs
+from infinity.api.types.scores import (ClassifyRequest, ClassifyResponse, LabelScore, RerankDocument, RerankRequest,
+                                       RerankResponse, RerankResult)
+from infinity.client.engine_client import ModelInputs, Result
 from infinity.client.topology import ServedModel
 
-RERANK_KINDS = ("rerank", "multivector", "image_multivector")  # the model kinds each route serves
-CLASSIFY_KINDS = ("classify",)
+RERANK_KINDS = kinds_serving("rerank")  # the model kinds each route serves
+CLASSIFY_KINDS = kinds_serving("classify")
 
 
 async def rerank(request: web.Request, body: RerankRequest) -> RerankResponse:
@@ -32,7 +32,7 @@ async def rerank(request: web.Request, body: RerankRequest) -> RerankResponse:
     multi-vector model's late-interaction score; a page-retrieval model's documents are
     page images."""
     model = served_model(request, body.model, RERANK_KINDS)
-    if model.spec.kind == "image_multivector":
+    if model.kind.late_interaction and model.kind.medium == "image":  # its documents are page images
         documents = page_documents(body, max_items(request))
         pages = await media_bytes(request.app[FETCHER], documents, request.app[CONFIG].media.max_image_bytes,
                                   max_items(request))
@@ -41,7 +41,7 @@ async def rerank(request: web.Request, body: RerankRequest) -> RerankResponse:
     else:
         inputs = rerank_inputs(body, max_items(request))
         documents = inputs.texts or []
-        if model.spec.kind in LATE_INTERACTION_KINDS:
+        if model.kind.late_interaction:
             scores, tokens = await _late_interaction(request, model, ModelInputs(texts=[inputs.query or ""],
                                                                                  task="query"),
                                                      ModelInputs(texts=documents, task="document"))

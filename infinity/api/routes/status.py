@@ -1,5 +1,6 @@
 """Status routes: `/health` (ready once every model is loaded on every device), `/live`
-(the front end answers: a liveness probe), and the model list (OpenAI's shape, with infinity's fields and our replicas and queues)."""
+(the front end answers: a liveness probe), and the model list (OpenAI's shape, with
+infinity's fields and our replicas and queues)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from aiohttp import web
 
 from infinity.api import openapi
 from infinity.api.errors import APIError
-from infinity.api.routes.common import KIND_CAPABILITIES, ENGINE_CLIENT, Route
+from infinity.api.routes.common import ENGINE_CLIENT, Route
 from infinity.api.types.status import Health, ModelCard, ModelList, ModelStats, ReplicaCard
 from infinity.client.topology import ServedModel
 
@@ -38,8 +39,8 @@ def _model_card(model: ServedModel) -> ModelCard:
     return ModelCard(
         id=spec.name,
         created=int(time.time()),
-        kind=spec.kind,  # type: ignore[arg-type]
-        capabilities=KIND_CAPABILITIES[spec.kind],
+        kind=spec.kind,
+        capabilities=list(model.kind.capabilities),
         backend=info.engine if info else spec.engine,
         dtype=info.dtype if info else spec.dtype,
         stats=ModelStats(queue_fraction=queued / model.pool.capacity, queue_absolute=queued,

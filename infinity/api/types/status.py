@@ -6,6 +6,8 @@ from typing import Literal
 
 from msgspec import Struct
 
+from infinity.shared.kinds import Kind
+
 class ModelStats(Struct):
     """How full the model's queue is (the fields infinity's clients read)."""
 
@@ -28,8 +30,7 @@ class ModelCard(Struct, kw_only=True):
     object: Literal["model"] = "model"
     owned_by: Literal["infinity"] = "infinity"
     created: int
-    kind: Literal["embed", "rerank", "classify", "multivector", "sparse", "image_text", "audio_text",
-                  "image_multivector"]
+    kind: Kind
     capabilities: list[str]
     backend: str  # the engine of the first replica that loaded
     dtype: str  # what the first replica that loaded computes in (until one has: what its spec asks)

@@ -1,0 +1,135 @@
+"""The one table of model kinds, and what each engine can compute.
+
+A kind says what a model serves and how: the media it takes beside text, the raw output
+its engine gives for each of them (`RawOutput`), the head that turns that into answers
+(`workers.heads`), the preprocessor that makes its media (and, for some, its texts)
+ready for the model (`workers.preprocess`), the folder reader that recognises its
+folders and reads their settings (`infinity.folders`), the capabilities it serves (in
+infinity's names, which `/v1/models` reports and the routes declare), and the traits
+the rest of the server asks about. Everything that lists kinds derives from `KINDS`;
+everything that asks which engine can serve a kind derives from `ENGINE_OUTPUTS`.
+
+A new kind whose engine output already exists is its head, its folder reader, one entry
+here and its tests.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+
+class RawOutput(enum.StrEnum):
+    """What an engine's forward pass returns, as a torch tensor on any device."""
+
+    TOKEN_STATES = "token_states"  # (n, longest, hidden): the encoder's last hidden states
+    SEQUENCE_LOGITS = "sequence_logits"  # (n, labels): a sequence-classification head's logits
+    TOKEN_LOGITS = "token_logits"  # (n, longest, vocabulary): a masked-language-model head's logits
+    TEXT_FEATURES = "text_features"  # (n, dim): a two-tower model's text tower, its projected pooled output
+    IMAGE_FEATURES = "image_features"  # (n, dim): a two-tower model's vision tower, likewise
+    AUDIO_FEATURES = "audio_features"  # (n, dim): a two-tower model's audio tower, likewise
+    # (n, longest, dim): a retrieval model's own per-token vectors (ColPali's `embeddings`)
+    RETRIEVAL_EMBEDDINGS = "retrieval_embeddings"
+
+
+# What each raw output is, as an error that names an engine lacking it says.
+RAW_OUTPUT_MEANING = {
+    RawOutput.TOKEN_STATES: "an encoder's token states",
+    RawOutput.SEQUENCE_LOGITS: "a sequence-classification head's logits",
+    RawOutput.TOKEN_LOGITS: "the masked-language-model head a sparse model needs",
+    RawOutput.TEXT_FEATURES: "a two-tower model's text tower",
+    RawOutput.IMAGE_FEATURES: "a two-tower model's vision tower",
+    RawOutput.AUDIO_FEATURES: "a two-tower model's audio tower",
+    RawOutput.RETRIEVAL_EMBEDDINGS: "a page-retrieval model's vision-language model",
+}
+
+# What each engine computes. CTranslate2 converts encoders and their classification
+# heads; ONNX Runtime runs what torch exports of text towers and vision towers.
+ENGINE_OUTPUTS: dict[str, frozenset[RawOutput]] = {
+    "torch": frozenset(RawOutput),
+    "onnx": frozenset({RawOutput.TOKEN_STATES, RawOutput.SEQUENCE_LOGITS, RawOutput.TOKEN_LOGITS,
+                       RawOutput.TEXT_FEATURES, RawOutput.IMAGE_FEATURES}),
+    "ctranslate2": frozenset({RawOutput.TOKEN_STATES, RawOutput.SEQUENCE_LOGITS}),
+}
+EngineName = Literal[tuple(ENGINE_OUTPUTS)]  # type: ignore[valid-type]
+
+TEXT = "text"  # the medium every kind takes (a page-retrieval model's queries too)
+
+
+@dataclass(frozen=True)
+class KindSpec:
+    """One model kind (see the module's docstring)."""
+
+    name: str
+    # Infinity's capability names: "embed", "sparse", "rerank", "classify", "image_embed", "audio_embed".
+    capabilities: tuple[str, ...]
+    # The raw output its engine gives for each medium it takes: "text", and "image" or "audio".
+    outputs: dict[str, RawOutput]
+    head: str  # "module:Class" of its head in `workers.heads`
+    reader: str  # module of its folder reader in `infinity.folders`
+    # Module in `workers.preprocess` that makes its media ready for the model (None: texts only).
+    preprocessor: str | None = None
+    # Its texts too go through that preprocessor (the model's own processor puts prompts
+    # around a query), never through a plain tokenizer.
+    text_by_processor: bool = False
+    late_interaction: bool = False  # a vector per token, scored against another's by MaxSim
+    # Its outputs vary in size by input (a vector per token, a sparse vector): they travel
+    # with the request's answer, not in the arena.
+    ragged: bool = False
+    # Its outputs are vectors that can be held to float32's by cosine: `dtype = "auto"`
+    # may try bfloat16 for it on CPUs that compute it natively (workers/inference/precision.py).
+    bfloat16_trial: bool = False
+    pairs: bool = False  # its inputs are query-document pairs, in the segments its encoder was trained on
+    sparse: bool = False  # its vectors are sparse: indices and values over the vocabulary
+
+    @property
+    def medium(self) -> str | None:
+        """The medium it takes beside text ("image", "audio"), or None."""
+        return next((medium for medium in self.outputs if medium != TEXT), None)
+
+    @property
+    def raw_outputs(self) -> frozenset[RawOutput]:
+        return frozenset(self.outputs.values())
+
+
+KINDS: dict[str, KindSpec] = {kind.name: kind for kind in (
+    KindSpec("embed", ("embed",), {TEXT: RawOutput.TOKEN_STATES}, "workers.heads.pooled:PooledEmbedding",
+             "infinity.folders.encoder", bfloat16_trial=True),
+    KindSpec("rerank", ("rerank",), {TEXT: RawOutput.SEQUENCE_LOGITS}, "workers.heads.scores:RelevanceScores",
+             "infinity.folders.sequence_classification", pairs=True),
+    KindSpec("classify", ("classify",), {TEXT: RawOutput.SEQUENCE_LOGITS}, "workers.heads.scores:ClassScores",
+             "infinity.folders.sequence_classification"),
+    KindSpec("multivector", ("embed", "rerank"), {TEXT: RawOutput.TOKEN_STATES},
+             "workers.heads.multivector:TokenVectors", "infinity.folders.multivector", late_interaction=True,
+             ragged=True, bfloat16_trial=True),
+    KindSpec("sparse", ("sparse",), {TEXT: RawOutput.TOKEN_LOGITS}, "workers.heads.sparse:SparseWeights",
+             "infinity.folders.sparse", ragged=True, sparse=True),
+    KindSpec("image_text", ("embed", "image_embed"),
+             {TEXT: RawOutput.TEXT_FEATURES, "image": RawOutput.IMAGE_FEATURES},
+             "workers.heads.two_tower:TowerEmbedding", "infinity.folders.two_tower", "workers.preprocess.image",
+             bfloat16_trial=True),
+    KindSpec("audio_text", ("embed", "audio_embed"),
+             {TEXT: RawOutput.TEXT_FEATURES, "audio": RawOutput.AUDIO_FEATURES},
+             "workers.heads.two_tower:TowerEmbedding", "infinity.folders.two_tower", "workers.preprocess.audio",
+             bfloat16_trial=True),
+    KindSpec("image_multivector", ("embed", "image_embed", "rerank"),
+             {TEXT: RawOutput.RETRIEVAL_EMBEDDINGS, "image": RawOutput.RETRIEVAL_EMBEDDINGS},
+             "workers.heads.multivector:RetrievalTokenVectors", "infinity.folders.page_retrieval",
+             "workers.preprocess.page", text_by_processor=True, late_interaction=True, ragged=True,
+             bfloat16_trial=True),
+)}
+Kind = Literal[tuple(KINDS)]  # type: ignore[valid-type]
+MEDIA = tuple(dict.fromkeys(kind.medium for kind in KINDS.values() if kind.medium))
+
+
+def kinds_with(predicate: Callable[[KindSpec], bool]) -> tuple[str, ...]:
+    """The names of the kinds `predicate` holds for, in table order."""
+    return tuple(name for name, kind in KINDS.items() if predicate(kind))
+
+
+def lacking(engine: str, outputs: Mapping[str, RawOutput]) -> list[RawOutput]:
+    """Of `outputs` (a kind's, by medium), those `engine` does not compute, media's first."""
+    media_first = sorted(outputs.items(), key=lambda item: item[0] == TEXT)
+    return list(dict.fromkeys(output for _, output in media_first if output not in ENGINE_OUTPUTS[engine]))
