@@ -145,7 +145,8 @@ def _engine(model: ModelConfig, kind: str, transformer_dir: Path, tasks: dict[st
     converts, else ONNX Runtime (any encoder torch exports, and both towers of a two-tower
     model), each only if its extra is installed; torch for everything else (GPUs, other
     dtypes, `compile`): the order in which they served the default model on CPUs at every
-    load (bench/RESULTS.md, "Engines"; for two towers, "ONNX towers"). If the chosen
+    load (bench/results/engines.md#reading-and-the-cpu-default; for two towers,
+    bench/results/images.md#onnx-towers). If the chosen
     engine cannot load the model, the inference process falls back to torch."""
     # CTranslate2 converts encoders and classification heads, not masked-language-model
     # heads or vision towers, and computes attended tokens only (not ColBERT's unattended
