@@ -8,7 +8,7 @@ where they keep none), with a whole batch per lane at once, and with each batch 
 the lanes (rows interleaved, as the server shares a batch with idle lanes); then the
 median time of one short sentence on one lane and, for engines that widen, on all threads.
 The server's figures are read against the issue's figure and against the better of the
-lane throughputs (bench/RESULTS.md).
+lane throughputs (bench/results/engines.md#the-engine-ceiling-as-the-engines-issue-measures-it).
 
 Usage: .venv/bin/python -m bench.engines [--engine onnx:float32 ...] [--texts 2048] [--threads 2] [--json]
 """

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from workers.models import packaged_model_folder
+from infinity.folders.resolve import packaged_model_folder
 
 source = packaged_model_folder()
 with tempfile.TemporaryDirectory() as staging:

@@ -1,5 +1,5 @@
 """A lone client against the same pass in process, text by text: how much the serving
-path adds to one request's latency (the lone-request point of bench/RESULTS.md).
+path adds to one request's latency (bench/results/lone-request.md).
 
 The machine's speed drifts by a fifth or more within minutes, so a served median and an
 in-process median taken minutes apart do not compare. Here our server runs the model

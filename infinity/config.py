@@ -53,7 +53,7 @@ class ModelConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     # Up to it, a long input gives exactly the tokens of the whole text, cut to max_length.
     max_input_chars: int | None = None
     # Padded tokens and inputs per batch. A wide window lets the scheduler group inputs of
-    # similar length (bench/RESULTS.md, "Figures behind the code's choices").
+    # similar length (bench/results/batching.md#a-64-input-batch-window).
     max_batch_tokens: int = 16384
     max_batch_size: int = 64
     # torch engine only: run the model through torch.compile (slower start, faster passes on GPUs).

@@ -93,7 +93,7 @@ def test_a_model_that_sees_or_hears_is_tried_on_its_texts_and_its_media(tmp_path
     for figures in (texts, media):
         # Near float32 but computed in bfloat16. Whether the bar is met is the trial's verdict:
         # tiny random towers round further than real ones (tiny CLAP's clips: mean 0.99988, below
-        # MEAN_COSINE; the real-size towers' figures are in bench/RESULTS.md).
+        # MEAN_COSINE; the real-size towers' figures are in bench/results/bfloat16.md#towers-in-bfloat16).
         assert figures.min_cosine >= MIN_COSINE and figures.mean_cosine < 1.0, figures
     if items == "images":
         assert min(texts.mean_cosine, media.mean_cosine) >= MEAN_COSINE, (texts, media)

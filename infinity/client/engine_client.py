@@ -49,7 +49,7 @@ INLINE_MAX_CHARS = 256
 # A request that finds nothing else in flight is tokenized in the front end if its texts
 # hold up to this many characters in all (at most ~1 ms of tokenizing): the event loop
 # has nothing else to do meanwhile, and the two hops to a tokenizer process and back cost
-# a lone request more than that (bench/RESULTS.md, "The lone request's hand-offs").
+# a lone request more than that (bench/results/lone-request.md#the-lone-request-hand-offs).
 INLINE_IDLE_MAX_CHARS = 4096
 
 

@@ -180,7 +180,7 @@ class Child:
     def send(self, message: protocol.Message) -> None:
         """Queue `message` for the child. What is queued in one turn of the event loop
         leaves together, in one write: one wake-up of the child for all of it
-        (bench/RESULTS.md, "The serving path, thirteenth session")."""
+        (bench/results/serving-path.md#one-zeromq-send-per-turn)."""
         assert self.channel is not None
         self._outbox.append(message)
         if len(self._outbox) == 1:

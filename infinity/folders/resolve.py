@@ -105,9 +105,9 @@ def _engine(model: ModelConfig, kind: str, config: dict, reads_unattended_states
     `engine = "auto"`: on CPUs at float32 or int8, CTranslate2 where it can serve the model,
     else ONNX Runtime where it can, each only if its extra is installed; torch for
     everything else (GPUs, other dtypes, `compile`): the order in which they served the
-    default model on CPUs at every load (bench/RESULTS.md, "Engines"; for two towers, "ONNX
-    towers"). If the chosen engine cannot load the model, the inference process falls
-    back to torch."""
+    default model on CPUs at every load (bench/results/engines.md#reading-and-the-cpu-default;
+    for two towers, bench/results/images.md#onnx-towers). If the chosen engine cannot load
+    the model, the inference process falls back to torch."""
     def refusal(engine: str) -> str | None:
         return engine_refusal(engine, KINDS[kind].outputs, config, reads_unattended_states)
 

@@ -4,7 +4,7 @@ each framed by its length.
 
 A message costs its sender one write, and the kernel wakes the receiving thread itself;
 the ZeroMQ sockets this replaced also woke an I/O thread on each side for every message
-(bench/RESULTS.md, "The serving path, fourteenth session"). One connection per child
+(bench/results/serving-path.md#a-unix-socket-per-child). One connection per child
 start: a restarted child gets a fresh channel, so nothing meant for its predecessor
 reaches it.
 

@@ -47,7 +47,7 @@ def _engine_class(name: str) -> type:
 def set_torch_threads(engines: Iterable[Engine], threads: int) -> None:
     """Size torch's process-wide thread pool for the engines of one process. Engines that
     run lanes use torch only for heads, where a second OpenMP thread spins and takes CPU
-    from the lanes (bench/RESULTS.md, "Lanes"); engines running one pass at a time get
+    from the lanes (bench/results/lanes.md#lanes-and-a-wide-pass-for-a-lone-input); engines running one pass at a time get
     every thread."""
     import torch
 

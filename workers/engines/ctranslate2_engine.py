@@ -87,8 +87,8 @@ class CTranslate2Engine:
         folder, _ = converted_model(spec)
         device, index = devices.ctranslate2_device(spec.device)
         # On the CPU, one single-threaded replica per core (sharing the weights), a lane
-        # each: more sentences/s than one replica on every thread (bench/RESULTS.md,
-        # "Figures behind the code's choices").
+        # each: more sentences/s than one replica on every thread
+        # (bench/results/code-choices.md#figures-behind-the-code-choices).
         self.lanes = threads if device == "cpu" else 1
         self._encoder = ctranslate2.Encoder(str(folder), device=device, device_index=index,
                                             compute_type=COMPUTE_TYPES[spec.dtype],
@@ -98,7 +98,7 @@ class CTranslate2Engine:
         self._wide = ctranslate2.Encoder(str(folder), device=device, compute_type=COMPUTE_TYPES[spec.dtype],
                                          intra_threads=threads) if copies else None
         # The express lane's own copy: one more replica of `_encoder` instead would take
-        # turns with the lanes' two, and cost them (bench/RESULTS.md, "The express lane").
+        # turns with the lanes' two, and cost them (bench/results/express-lane.md#the-express-lane).
         self._express = ctranslate2.Encoder(str(folder), device=device, compute_type=COMPUTE_TYPES[spec.dtype],
                                             intra_threads=1) if copies else None
         self.express = self._express is not None

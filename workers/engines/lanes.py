@@ -17,8 +17,8 @@ import torch
 
 # A wide pass needs a second copy of the weights, set to use every thread (and CTranslate2's
 # express lane one more, on one thread); they are made for models up to this size only, and kept only if it takes at most this share of a one-lane
-# pass: some engines' wide passes pay, some are borderline, some lose (bench/RESULTS.md,
-# "Figures behind the code's choices").
+# pass: some engines' wide passes pay, some are borderline, some lose
+# (bench/results/code-choices.md#figures-behind-the-code-choices).
 WIDE_COPY_MAX_BYTES = 512 * 2**20
 WIDE_COPY_MAX_TIME = 0.85
 WIDE_COPY_TRIES = 3
@@ -37,7 +37,7 @@ def wide_copy_pays(engine: _WithWideCopy, max_length: int) -> bool:
     """Whether the engine's wide passes over one input of 16 and of 64 tokens take under
     `WIDE_COPY_MAX_TIME` of one-lane passes, measured as the server runs them: with one
     torch thread (`workers.engines.set_torch_threads`). They need not: CTranslate2 at int8
-    is slower on 2 threads than on 1 (bench/RESULTS.md, "Lanes"). A wide pass suffers most from a core that is busy
+    is slower on 2 threads than on 1 (bench/results/lanes.md#engines-in-process-with-lanes). A wide pass suffers most from a core that is busy
     elsewhere (at a server's start, the tokenizer processes loading their models), so a
     copy that does not pay is measured again after a pause, `WIDE_COPY_TRIES` times in
     all, keeping the best time of each pass."""

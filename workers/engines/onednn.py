@@ -3,7 +3,7 @@
 torch runs a reduced-precision matmul on a CPU through oneDNN, which reorders the weight
 into its blocked layout on every call unless it was reordered once beforehand (as
 torch.compile's freezing does): about half the time of a pass over a few tokens
-(bench/RESULTS.md, "bfloat16 on CPUs"). Results are the same to the bit.
+(bench/results/bfloat16.md#the-bfloat16-trial-on-cpus). Results are the same to the bit.
 """
 
 from __future__ import annotations

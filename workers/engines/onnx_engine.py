@@ -139,8 +139,8 @@ def _large(model: torch.nn.Module) -> bool:
 def _optimise(spec: ModelSpec, config: object, exported: Path, path: Path, external: bool, fuse: bool = True) -> None:
     """Fuse layer norms and GELUs with onnxruntime's transformer optimiser (`fuse`), then
     convert to the requested dtype. Two-tower models are not fused: the BERT fusions
-    moved SigLIP's vectors by 1e-4 and made CLIP's towers no faster (bench/RESULTS.md,
-    "ONNX towers")."""
+    moved SigLIP's vectors by 1e-4 and made CLIP's towers no faster
+    (bench/results/images.md#onnx-towers)."""
     import onnx
     from onnxruntime.transformers import optimizer
     from onnxruntime.transformers.onnx_model import OnnxModel
@@ -158,7 +158,7 @@ def _optimise(spec: ModelSpec, config: object, exported: Path, path: Path, exter
 
     # Weights per output channel; the feed-forward output projections stay in float32:
     # their inputs (GELU outputs) have outliers that per-tensor 8-bit activations clip
-    # (the fidelity either way: bench/RESULTS.md, "Figures behind the code's choices").
+    # (the fidelity either way: bench/results/code-choices.md#figures-behind-the-code-choices).
     producers = {out: node for node in graph.model.graph.node for out in node.output}
     after_gelu = [node.name for node in graph.model.graph.node if node.op_type == "MatMul"
                   and "Gelu" in getattr(producers.get(node.input[0]), "op_type", "")]
@@ -224,7 +224,7 @@ class OnnxEngine:
         self._session = _session(folder / GRAPH, spec.device, 1 if on_cpu else threads)
         two_towers = RawOutput.IMAGE_FEATURES in outputs.values()
         # Images run one pass at a time on every thread: as many images/s as a lane per
-        # core, and a lone image is not left to one core (bench/RESULTS.md, "ONNX towers").
+        # core, and a lone image is not left to one core (bench/results/images.md#onnx-towers).
         self._vision = _session(folder / VISION_GRAPH, spec.device, threads) if two_towers else None
         copies = wants_copy(folder / GRAPH if two_towers else folder, self.lanes)
         self._wide = _session(folder / GRAPH, spec.device, threads) if copies else None

@@ -43,15 +43,15 @@ def text_lanes(engine: Engine, threads: int) -> TextLanes:
     (torch on a CPU) gets a single-threaded lane per core and a lone input on every
     thread, as CTranslate2 and ONNX Runtime run their replicas: served, two passes on one
     thread each beat one pass on both, whose threads wait on each other at every operator
-    while the front end and the tokenizers take a core (bench/RESULTS.md, "Text lanes on
-    torch")."""
+    while the front end and the tokenizers take a core
+    (bench/results/lanes.md#text-lanes-on-torch)."""
     if engine.on_caller_threads and engine.lanes == 1 and threads > 1:
         return TextLanes(threads, True, (1, threads))
     return TextLanes(engine.lanes, engine.widens, None)
 
 
 # Media passes run in single-threaded lanes only where the same items through them take at
-# most this share of one pass's time on every thread (bench/RESULTS.md, "Media lanes").
+# most this share of one pass's time on every thread (bench/results/lanes.md#media-lanes).
 MEDIA_LANES_MAX_TIME = 0.95
 
 
@@ -90,7 +90,7 @@ def media_lanes(forward: Callable[[int], Callable[[], object]], lanes: int) -> i
     each, take at most `MEDIA_LANES_MAX_TIME` of one pass of all those items on every
     thread; else 1. Two torch threads on one pass wait on each other at every operator;
     two passes do not, but they share the memory bandwidth: which wins depends on the
-    model (bench/RESULTS.md, "Media lanes"). As for wide copies (`wide_copy_pays`), a
+    model (bench/results/lanes.md#media-lanes). As for wide copies (`wide_copy_pays`), a
     start's busy cores can hide the gain, so lanes that do not pay are measured again."""
     together, apart = forward(lanes * MEDIA_ITEMS_PER_LANE), forward(MEDIA_ITEMS_PER_LANE)
 
@@ -122,7 +122,7 @@ def warm_up(model: LoadedModel, max_length: int, lanes: TextLanes | None = None,
     weight x padding). The mixed batch has 16 rows because what padding costs depends on
     the batch: CTranslate2 float32 skips most of it in small batches but not in mid-size
     ones, and the scheduler must not merge long and short inputs where that is dear
-    (bench/RESULTS.md, "The engine's ceiling as the engines issue measures it"). The
+    (bench/results/batching.md#the-padding-weight-refitted-on-sixteen-rows). The
     passes are timed as a lane runs them (`lanes`: the model's, by default the engine's),
     and a wide pass runs where lanes run them (on `wide_runner`, for lanes of torch threads)."""
     engine = model.engine

@@ -13,7 +13,7 @@ lanes, with one input at a time taking at most `LONE_SLOWDOWN` times float32's (
 over inputs of every length, each after a pause as one client's requests come: on small
 models a pass over a few tokens costs torch more fixed time than CTranslate2, and a pass
 after idle cores finds fewer of its weights in the caches, while batches run several
-times faster: bench/RESULTS.md, "bfloat16 on CPUs").
+times faster: bench/results/bfloat16.md#lone-inputs-timed-as-one-client-sends-them).
 
 The trial's figures are kept in the cache directory, keyed by the model's folder, its
 settings, the thread count, the CPU and the libraries' versions: a later start on the same
