@@ -16,23 +16,23 @@ import contextlib
 import logging
 import os
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 
 import numpy as np
 import torch
 from aiohttp.test_utils import TestClient, TestServer
 
 from infinity.api.app import create_app
+from infinity.client.topology import INFERENCE_ENTRY_POINT, TOKENIZER_ENTRY_POINT
 from infinity.config import Config, ModelConfig, ServerConfig
 from infinity.folders.resolve import resolve_replicas
 from infinity.shared.channel import ChannelToFront
+from infinity.shared.kinds import KINDS, TEXT, RawOutput
 from infinity.shared.protocol import ModelSpec, WorkerArgs
-from infinity.client.topology import INFERENCE_ENTRY_POINT, TOKENIZER_ENTRY_POINT
+from workers.engines.base import model_config, pad_id
+from workers.heads import LoadedModel, load_head
 from workers.inference import worker as inference_worker
 from workers.preprocess import worker as tokenizer_worker
-from infinity.shared.kinds import KINDS, TEXT, RawOutput
-from workers.engines.base import pad_id
-from workers.heads import LoadedModel, load_head
 
 log = logging.getLogger(__name__)
 
@@ -48,9 +48,44 @@ def expected_embedding(ids: list[int], dim: int) -> np.ndarray:
     return vector / np.linalg.norm(vector)
 
 
+def pooled_states(ids: np.ndarray, mask: np.ndarray, dim: int) -> np.ndarray:
+    """The mean of each input's attended token states: the fake engine's one vector per
+    input (sequence logits, a text tower's features)."""
+    mask = mask[..., None].astype(np.float64)
+    return ((token_states(ids, dim) * mask).sum(axis=1) / mask.sum(axis=1)).astype(np.float32)
+
+
+def media_features(values: np.ndarray, dim: int) -> np.ndarray:
+    """The fake engine's vector of each item of a media batch (its first axis): a fixed
+    function of the mean of the item's values."""
+    means = values.reshape(len(values), -1).astype(np.float64).mean(axis=1)
+    return np.sin((means[:, None] + 1.0) * np.arange(1, dim + 1) * 1e-1).astype(np.float32)
+
+
+def output_width(output: RawOutput, config: dict) -> int:
+    """Floats per input (or per token) a real engine gives of `output` for a model of `config`."""
+    from infinity.shared.folders import num_labels
+    from workers.heads.two_tower import shared_dim
+
+    if output is RawOutput.TOKEN_STATES:
+        return int(config["hidden_size"])
+    if output is RawOutput.TOKEN_LOGITS:
+        return int(config["vocab_size"])
+    if output is RawOutput.SEQUENCE_LOGITS:
+        return num_labels(config)
+    if output is RawOutput.RETRIEVAL_EMBEDDINGS:
+        return int(config["embedding_dim"])
+    return shared_dim(config)
+
+
 class FakeEngine:
-    """Token states (or a masked-language-model head's logits: as many values per token)
-    from `token_states`; `gate`, while cleared, holds every forward pass."""
+    """Every raw output a kind may ask, as a fixed function of the inputs a test can
+    compute too: values per token (token states, logits per token, a retrieval model's
+    vectors of a text) from `token_states`; one vector per input (sequence logits, a text
+    tower's features) from `pooled_states`; a media tower's vector per item from
+    `media_features` of its first floating array; a retrieval model's vectors of a page,
+    its prompt's token states plus its pixels' features. `media_seen` keeps the arrays of
+    every media pass, as they reached the engine; `gate`, while cleared, holds every pass."""
 
     name = "fake"
     lanes = 1
@@ -58,16 +93,33 @@ class FakeEngine:
     express = False
     on_caller_threads = False  # its passes run no torch threads
 
-    def __init__(self, spec: ModelSpec, output: RawOutput, dim: int, gate: threading.Event) -> None:
-        assert output in (RawOutput.TOKEN_STATES, RawOutput.TOKEN_LOGITS), "the fake engine gives values per token"
+    def __init__(self, spec: ModelSpec, outputs: Mapping[str, RawOutput], gate: threading.Event) -> None:
+        config = model_config(spec)
         self.pad_id = pad_id(spec)
-        self._dim = dim
+        self._outputs = dict(outputs)
+        self._widths = {output: output_width(output, config) for output in outputs.values()}
         self._gate = gate
+        self.media_seen: list[dict[str, np.ndarray]] = []
 
     def forward(self, input_ids: np.ndarray, attention_mask: np.ndarray, token_type_ids: np.ndarray,
                 wide: bool = False, express: bool = False) -> torch.Tensor:
         self._gate.wait()
-        return torch.from_numpy(token_states(input_ids, self._dim))
+        output = self._outputs[TEXT]
+        width = self._widths[output]
+        if output in (RawOutput.SEQUENCE_LOGITS, RawOutput.TEXT_FEATURES):
+            return torch.from_numpy(pooled_states(input_ids, attention_mask, width))
+        return torch.from_numpy(token_states(input_ids, width))
+
+    def forward_media(self, arrays: Mapping[str, np.ndarray]) -> torch.Tensor:
+        self._gate.wait()
+        self.media_seen.append(dict(arrays))
+        output = next(output for medium, output in self._outputs.items() if medium != TEXT)
+        width = self._widths[output]
+        values = next(array for array in arrays.values() if np.issubdtype(array.dtype, np.floating))
+        features = media_features(values, width)
+        if output is RawOutput.RETRIEVAL_EMBEDDINGS:
+            return torch.from_numpy(token_states(arrays["input_ids"], width) + features[:, None, :])
+        return torch.from_numpy(features)
 
 
 class ThreadProcess:
@@ -117,12 +169,14 @@ class ThreadProcess:
 
 class ThreadLauncher:
     """Starts children as threads; inference children run `FakeEngine` with the real heads.
-    `processes` keeps every child started, by name (the latest of each)."""
+    `processes` keeps every child started, by name (the latest of each); `engines` the
+    fake engine of each model."""
 
     def __init__(self) -> None:
         self.gate = threading.Event()
         self.gate.set()
         self.processes: dict[str, ThreadProcess] = {}
+        self.engines: dict[str, FakeEngine] = {}  # the latest of each model
 
     def __call__(self, entry_point: str, args: WorkerArgs) -> ThreadProcess:
         def run() -> None:
@@ -138,8 +192,9 @@ class ThreadLauncher:
         return process
 
     def _load(self, spec: ModelSpec, threads: int) -> LoadedModel:
-        head = load_head(spec)
-        return LoadedModel(FakeEngine(spec, KINDS[spec.kind].outputs[TEXT], head.dim, self.gate), head, spec.dtype)
+        engine = FakeEngine(spec, KINDS[spec.kind].outputs, self.gate)
+        self.engines[spec.name] = engine
+        return LoadedModel(engine, load_head(spec), spec.dtype)
 
 
 @contextlib.asynccontextmanager
