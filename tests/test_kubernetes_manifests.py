@@ -237,7 +237,7 @@ def test_autoscalers_target_the_deployment() -> None:
     hpas = [doc for _, doc in OBJECTS if doc["kind"] == "HorizontalPodAutoscaler"]
     assert hpas
     assert "replicas" not in deployment["spec"]  # the autoscaler owns the count
-    metrics_source = (Path(__file__).resolve().parent.parent / "infinity" / "metrics.py").read_text()
+    metrics_source = (Path(__file__).resolve().parent.parent / "infinity" / "api" / "metrics.py").read_text()
     for hpa in hpas:
         assert hpa["apiVersion"] == "autoscaling/v2"
         target = hpa["spec"]["scaleTargetRef"]
