@@ -20,8 +20,8 @@ import pytest
 
 from tests.support.answers import assert_error
 from tests.support.reference import MODEL_NAME
-from tests.support.tiny_models import (CLASSIFIER_LABELS, CLASSIFIER_NAME, FORCED_CLASSIFIER_NAME, RERANKER_NAME,
-                                       SCORING_MAX_LENGTH, scoring_text)
+from tests.support.tiny_models import (CLASSIFIER_LABELS, CLASSIFIER_NAME, FORCED_CLASSIFIER_NAME, SCORING_MAX_LENGTH,
+                                       scoring_text)
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -306,13 +306,3 @@ def test_classifier_on_rerank_names_its_route(scoring_server, reference):
     error = assert_error(response, 400)
     assert "classify" in error["message"], error
     assert_serves(scoring_server, reference)
-
-
-def test_models_list_kinds(scoring_server):
-    response = scoring_server.get("/v1/models")
-    assert response.status_code == 200, response.text
-    models = {m["id"]: m for m in response.json()["data"]}
-    for name, kind in ((CLASSIFIER_NAME, "classify"), (FORCED_CLASSIFIER_NAME, "classify"),
-                       (RERANKER_NAME, "rerank"), (MODEL_NAME, "embed")):
-        assert models[name]["kind"] == kind, models[name]
-        assert kind in models[name]["capabilities"], models[name]

@@ -25,8 +25,7 @@ import requests
 
 from tests.support.answers import assert_error
 from tests.support.reference import MODEL_NAME
-from tests.support.tiny_models import (CLASSIFIER_NAME, FORCED_CLASSIFIER_NAME, RERANKER_NAME, SCORING_MAX_LENGTH,
-                                       scoring_text)
+from tests.support.tiny_models import CLASSIFIER_NAME, RERANKER_NAME, SCORING_MAX_LENGTH, scoring_text
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -383,46 +382,41 @@ def cohere_clients(scoring_server):
     import cohere
 
     base = scoring_server.url()
-    return (cohere.Client(base_url=base, api_key="x", timeout=60),
-            cohere.ClientV2(base_url=base, api_key="x", timeout=60))
+    return {"v1": cohere.Client(base_url=base, api_key="x", timeout=60),
+            "v2": cohere.ClientV2(base_url=base, api_key="x", timeout=60)}
 
 
-def test_cohere_v1_client(cohere_clients, reference_scores):
-    client, _ = cohere_clients
-    query, docs = RERANK_SET[7]
-    response = client.rerank(model=RERANKER_NAME, query=query, documents=docs, top_n=4)
-    assert len(response.results) == 4
-    ranked = sorted(range(len(docs)), key=lambda i: -reference_scores[(query, docs[i])][0])
-    assert [r.index for r in response.results] == ranked[:4]
+@pytest.mark.parametrize("version, case, top_n", [("v1", 7, 4), ("v2", 8, 5)])
+def test_cohere_client(cohere_clients, reference_scores, version, case, top_n):
+    """Each official client: its `top_n` results ranked and scored as the reference, then
+    every document ranked. v1 also sends documents as `{"text"}` objects and gets them
+    back with `return_documents`; v2 sends plain strings, and its results carry no document."""
+    client, v1 = cohere_clients[version], version == "v1"
+    query, docs = RERANK_SET[case]
+    expected = [reference_scores[(query, doc)][0] for doc in docs]
+    response = client.rerank(model=RERANKER_NAME, query=query, documents=docs, top_n=top_n)
+    assert len(response.results) == top_n
+    ranked = sorted(range(len(docs)), key=lambda i: -expected[i])
+    assert [r.index for r in response.results] == ranked[:top_n]
     for r in response.results:
-        assert abs(r.relevance_score - reference_scores[(query, docs[r.index])][0]) <= TOLERANCE
-        assert r.document is None
-    response = client.rerank(model=RERANKER_NAME, query=query, documents=[{"text": d} for d in docs],
-                             return_documents=True)
-    assert len(response.results) == len(docs)
-    for r in response.results:
-        assert r.document is not None and r.document.text == docs[r.index]
-        assert abs(r.relevance_score - reference_scores[(query, docs[r.index])][0]) <= TOLERANCE
-
-
-def test_cohere_v2_client(cohere_clients, reference_scores):
-    _, client = cohere_clients
-    query, docs = RERANK_SET[8]
-    response = client.rerank(model=RERANKER_NAME, query=query, documents=docs, top_n=5)
-    assert len(response.results) == 5
-    ranked = sorted(range(len(docs)), key=lambda i: -reference_scores[(query, docs[i])][0])
-    assert [r.index for r in response.results] == ranked[:5]
-    for r in response.results:
-        assert abs(r.relevance_score - reference_scores[(query, docs[r.index])][0]) <= TOLERANCE
-    response = client.rerank(model=RERANKER_NAME, query=query, documents=docs)
+        assert abs(r.relevance_score - expected[r.index]) <= TOLERANCE
+        assert not v1 or r.document is None
+    if v1:
+        response = client.rerank(model=RERANKER_NAME, query=query, documents=[{"text": d} for d in docs],
+                                 return_documents=True)
+    else:
+        response = client.rerank(model=RERANKER_NAME, query=query, documents=docs)
     assert sorted(r.index for r in response.results) == list(range(len(docs)))
+    for r in response.results:
+        assert abs(r.relevance_score - expected[r.index]) <= TOLERANCE
+        assert not v1 or (r.document is not None and r.document.text == docs[r.index])
 
 
 def test_cohere_client_sees_errors_as_such(cohere_clients):
     """A bad request through the client raises its 4xx error class (not a retried 5xx)."""
     from cohere.core.api_error import ApiError
 
-    client, _ = cohere_clients
+    client = cohere_clients["v1"]
     with pytest.raises(ApiError) as info:
         client.rerank(model=RERANKER_NAME, query="fox", documents=[])
     assert 400 <= info.value.status_code < 500
@@ -526,25 +520,6 @@ def test_reranker_on_embeddings_is_400(scoring_server, reference, path):
     error = assert_error(response, 400)
     assert "rerank" in error["message"], error
     assert_serves(scoring_server, reference)
-
-
-def test_models_list_kinds(scoring_server):
-    response = scoring_server.get("/v1/models")
-    assert response.status_code == 200, response.text
-    models = {m["id"]: m for m in response.json()["data"]}
-    expected = {MODEL_NAME: "embed", RERANKER_NAME: "rerank", CLASSIFIER_NAME: "classify",
-                FORCED_CLASSIFIER_NAME: "classify"}
-    assert set(models) == set(expected), models
-    others = {"embed", "rerank", "classify"}
-    for name, kind in expected.items():
-        model = models[name]
-        assert model["kind"] == kind, model
-        capabilities = model["capabilities"]
-        assert isinstance(capabilities, list) and kind in capabilities, model
-        assert not (set(capabilities) & (others - {kind})), model
-    unprefixed = scoring_server.get("/models")
-    assert unprefixed.status_code == 200, unprefixed.text
-    assert {m["id"]: m["kind"] for m in unprefixed.json()["data"]} == expected
 
 
 def test_embedder_still_embeds(scoring_server):

@@ -10,7 +10,7 @@ import pytest
 import requests
 
 from tests.support.reference import MODEL_NAME, assert_close
-from tests.support.tiny_models import CLASSIFIER_NAME, RERANKER_NAME
+from tests.support.tiny_models import CLASSIFIER_NAME, FORCED_CLASSIFIER_NAME, RERANKER_NAME
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -62,6 +62,27 @@ def test_the_documented_answers_are_the_ones_sent(scoring_server, document):
     assert set(answer["data"][0]) <= set(schemas["EmbeddingData"]["properties"])
     models = scoring_server.get("/v1/models").json()
     assert set(models["data"][0]) == set(schemas["ModelCard"]["properties"])
+
+
+def test_models_list_kinds(scoring_server):
+    """`/v1/models` (and `/models`) names each model with its kind and the capabilities
+    of that kind alone: embed, rerank and classify, a reranker forced to classify too."""
+    response = scoring_server.get("/v1/models")
+    assert response.status_code == 200, response.text
+    models = {m["id"]: m for m in response.json()["data"]}
+    expected = {MODEL_NAME: "embed", RERANKER_NAME: "rerank", CLASSIFIER_NAME: "classify",
+                FORCED_CLASSIFIER_NAME: "classify"}
+    assert set(models) == set(expected), models
+    others = {"embed", "rerank", "classify"}
+    for name, kind in expected.items():
+        model = models[name]
+        assert model["kind"] == kind, model
+        capabilities = model["capabilities"]
+        assert isinstance(capabilities, list) and kind in capabilities, model
+        assert not (set(capabilities) & (others - {kind})), model
+    unprefixed = scoring_server.get("/models")
+    assert unprefixed.status_code == 200, unprefixed.text
+    assert {m["id"]: m["kind"] for m in unprefixed.json()["data"]} == expected
 
 
 def test_docs_page_shows_every_route_without_fetching_anything(scoring_server, document):
