@@ -1,6 +1,9 @@
-"""Tiny random-weight models built at test time (no hub): a WordPiece tokenizer trained on
-the fly, a small BERT encoder, and BERT sequence classifiers (a one-label cross-encoder
-and a three-label text classifier), saved in transformers layout."""
+"""Tiny random-weight models built at test time (no hub), saved in the layouts the server
+reads: a WordPiece tokenizer trained on the fly, a small BERT encoder and its other
+families (XLM-RoBERTa, MPNet), BERT sequence classifiers (a one-label cross-encoder and a
+three-label text classifier) with the scoring server's models.toml, multi-vector (ColBERT)
+and sparse (SPLADE) encoders, and the two-tower and page-retrieval models (CLIP, SigLIP,
+CLAP, ColPali, ColQwen2)."""
 
 from __future__ import annotations
 
