@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # GPU checks, run by hand on a lent GPU machine (CI has none), in under five minutes:
-#   1. parity: the tests marked `gpu` (tests/test_gpu.py, tests/test_devices.py): every engine
-#      that runs on CUDA against the sentence-transformers reference, flash-attn's varlen
-#      path if installed, torch.compile, the server on device = "cuda";
+#   1. parity: the tests marked `gpu` (tests/e2e/engines/test_gpu.py,
+#      tests/e2e/serving/test_devices.py): every engine that runs on CUDA against the
+#      sentence-transformers reference, flash-attn's varlen path if installed,
+#      torch.compile, the server on device = "cuda";
 #   2. throughput: bench.run with the in-process ceiling on the GPU against our server on the
 #      GPU (torch engine, float16 and float32).
 # Logs go to $OUT (the device tool's result folder) or bench/out. Prepare with
@@ -27,8 +28,8 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>&1 | tee 
 "$py" -c "import torch, transformers; print('torch', torch.__version__, 'cuda', torch.cuda.is_available(), 'transformers', transformers.__version__)" | tee -a "$out/gpu_machine.txt"
 status=0
 
-timeout 150 "$py" -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu.py tests/test_devices.py 2>&1 \
-  | tee "$out/gpu_pytest.log" || status=1
+timeout 150 "$py" -m pytest -q -m gpu -p no:cacheprovider \
+  tests/e2e/engines/test_gpu.py tests/e2e/serving/test_devices.py 2>&1 | tee "$out/gpu_pytest.log" || status=1
 
 configs=$(mktemp -d)
 targets=()

@@ -5,7 +5,7 @@ each on two CPU replicas (``device = ["cpu:0", "cpu:1"]``) and two tokenizer pro
 that no single dead process takes a model offline:
 
 - the packaged default embedder ``all-MiniLM-L6-v2``;
-- a tiny reranker and a tiny classifier built at start (``tests.tiny_models``).
+- a tiny reranker and a tiny classifier built at start (``tests.support.tiny_models``).
 
 Then, for ``--duration`` seconds, ``--concurrency`` closed-loop aiohttp workers send a
 mix of requests, each with a client-side ``--timeout``: embeddings of one text and of
@@ -68,10 +68,13 @@ import aiohttp
 import numpy as np
 
 from workers.inference.corpus import sentences
-from tests.conftest import (DIM, MODEL_NAME, ServerProcess, decode_embedding, descendant_pids, pid_alive,
-                            reference_embed, shm_segments, start_server_process, start_time, wait_until)
-from tests.tiny_models import (CLASSIFIER_LABELS, CLASSIFIER_NAME, RERANKER_NAME, SCORING_MAX_LENGTH,
-                               save_tiny_classifier, save_tiny_cross_encoder, scoring_text)
+from tests.support.answers import decode_embedding
+from tests.support.processes import descendant_pids, pid_alive, start_time, wait_until
+from tests.support.reference import DIM, MODEL_NAME, reference_embed
+from tests.support.server import ServerProcess, start_server_process
+from tests.support.shm import shm_segments
+from tests.support.tiny_models import (CLASSIFIER_LABELS, CLASSIFIER_NAME, RERANKER_NAME, SCORING_MAX_LENGTH,
+                                       save_tiny_classifier, save_tiny_cross_encoder, scoring_text)
 
 FRONT = "front"
 REPLICA_DEVICES = '["cpu:0", "cpu:1"]'

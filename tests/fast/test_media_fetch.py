@@ -1,16 +1,27 @@
 """Fetching media by URL against a local aiohttp server: bodies, upstream errors,
 redirects, slow drips and oversize bodies; and what the default policy refuses to dial
 (loopback in its spellings, link-local metadata addresses, a redirect to a private
-address), each a client error naming the item."""
+address), each a client error naming the item.
+
+The fetcher's connector reaches loopback only here: a URL of any other host (a private or
+link-local address, a name other than localhost) fails the test before it is resolved or
+dialled, so a refusal that regressed fails a test instead of reaching the network.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import ipaddress
+import socket
 from collections.abc import Awaitable, Callable
+from typing import Any
+from unittest import mock
 
+import aiohttp
 import pytest
 from aiohttp import web
+from aiohttp.connector import Connection
 
 from infinity.config import MediaConfig
 from infinity.api.errors import ServingError
@@ -57,8 +68,46 @@ def _app() -> web.Application:
     return app
 
 
+def _is_loopback(host: str | None) -> bool:
+    """Whether `host` names loopback as the socket layer reads it (legacy IPv4 forms such as
+    2130706433 included: should aiohttp stop refusing them, that is where they would go)."""
+    if host == "localhost":
+        return True
+    try:
+        address = ipaddress.ip_address(host or "")
+    except ValueError:
+        try:
+            address = ipaddress.IPv4Address(socket.inet_aton(host or ""))
+        except OSError:
+            return False  # a name: it would be resolved
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    return address.is_loopback
+
+
+class _LoopbackOnly(aiohttp.TCPConnector):
+    """The fetcher's connector in these tests. A connection to any host but loopback is
+    recorded in `attempts` and fails with an AssertionError (which the fetcher does not
+    turn into a client error) before the host is resolved or dialled."""
+
+    def __init__(self, *, attempts: list[str], **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._attempts = attempts
+
+    async def connect(self, req: aiohttp.ClientRequest, traces: list[Any],
+                      timeout: aiohttp.ClientTimeout) -> Connection:
+        if not _is_loopback(req.url.host):
+            self._attempts.append(str(req.url))
+            raise AssertionError(f"the fetcher tried to connect to {req.url}")
+        return await super().connect(req, traces, timeout)
+
+
 def _run(config: MediaConfig, test: Callable[[MediaFetcher, str], Awaitable[None]],
          allowed: Callable[[ipaddress.IPv4Address | ipaddress.IPv6Address], bool] | None = None) -> None:
+    """Run `test` with a fetcher and the base URL of the local server; the fetcher's
+    connector is `_LoopbackOnly`, and no test may have tried any other host."""
+    attempts: list[str] = []
+
     async def main() -> None:
         runner = web.AppRunner(_app())
         await runner.setup()
@@ -72,7 +121,9 @@ def _run(config: MediaConfig, test: Callable[[MediaFetcher, str], Awaitable[None
             await fetcher.close()
             await runner.cleanup()
 
-    asyncio.run(main())
+    with mock.patch.object(aiohttp, "TCPConnector", functools.partial(_LoopbackOnly, attempts=attempts)):
+        asyncio.run(main())
+    assert not attempts, f"the fetcher tried to connect to {attempts}"
 
 
 def _refused(message_part: str) -> Callable[[Awaitable[bytes]], Awaitable[None]]:
@@ -120,7 +171,7 @@ def test_only_plain_http_urls_are_fetched(url):
     ("127.0.0.1", "not a public address"), ("[::1]", "not a public address"),
     ("[::ffff:127.0.0.1]", "not a public address"), ("169.254.169.254", "not a public address"),
     ("10.0.0.1", "not a public address"), ("0.0.0.0", "not a public address"), ("localhost", "not a public address"),
-    # 127.0.0.1 as one number: refused by the URL parser before any resolver would see it
+    # 127.0.0.1 as one number: refused by aiohttp's connector before any resolver would see it
     ("2130706433", "not a canonical IPv4 address")])
 def test_the_default_policy_dials_public_addresses_only(host, reason):
     async def test(fetcher: MediaFetcher, base: str) -> None:

@@ -1,0 +1,89 @@
+"""The engines that convert the transformers model (ONNX Runtime, CTranslate2): parity with
+sentence-transformers on the default model (float32 and int8) and with CrossEncoder on a
+reranker, the converted model cached and reused on the next start, clear refusals.
+Every family and kind against the torch engine: tests/e2e/engines/test_engines.py."""
+
+import importlib.util
+
+import pytest
+
+from infinity.config import ModelConfig
+from infinity.folders.resolve import resolve_model
+from tests.support.answers import decode_embedding
+from tests.support.reference import cosine
+from tests.support.tiny_models import (assert_reranks_like_cross_encoder, save_tiny_cross_encoder,
+                                       save_tiny_family_model)
+from workers.heads import load_model
+
+# engine -> (module it needs, what its log says once per conversion)
+ENGINES = {"onnx": ("onnxruntime", "to ONNX"), "ctranslate2": ("ctranslate2", "to CTranslate2")}
+
+
+def _require(engine: str) -> None:
+    if importlib.util.find_spec(ENGINES[engine][0]) is None:
+        pytest.skip(f"{ENGINES[engine][0]} is not installed")
+
+
+def _served(server, model, texts):
+    response = server.post("/v1/embeddings", {"model": model, "input": texts, "encoding_format": "base64"})
+    assert response.status_code == 200, response.text
+    return [decode_embedding(item["embedding"]) for item in response.json()["data"]]
+
+
+@pytest.mark.parametrize("engine", sorted(ENGINES))
+def test_parity_and_conversion_cached_across_restarts(start_server, tmp_path, sentences, reference_vectors, engine):
+    _require(engine)
+    reranker = save_tiny_cross_encoder(tmp_path / "reranker")
+    config = f"""
+[[models]]
+name = "float32"
+engine = "{engine}"
+[[models]]
+name = "int8"
+engine = "{engine}"
+dtype = "int8"
+[[models]]
+name = "reranker"
+source = "{reranker}"
+engine = "{engine}"
+"""
+    env = {"INFINITY_CACHE_DIR": str(tmp_path / "cache")}
+    first = start_server(config=config, env=env)
+    converted = ENGINES[engine][1]
+    assert first.log_text().count(converted) == 3  # one conversion per model and dtype
+    replicas = [r for model in first.get("/v1/models").json()["data"] for r in model["replicas"]]
+    assert [r["engine"] for r in replicas] == [engine] * 3
+    texts = sentences[:80]
+    float32 = [cosine(v, reference_vectors[i]) for i, v in enumerate(_served(first, "float32", texts))]
+    assert min(float32) >= 0.9999
+    # int8 reaches the issue's 0.99 on average, not for every text, on either engine (on the
+    # 240 test sentences: CTranslate2 mean 0.996, min 0.978, 2% below 0.99; onnx mean 0.995,
+    # min 0.975, 3.7% below 0.99; the shortest texts are the worst); recorded in the issue.
+    int8 = [cosine(v, reference_vectors[i]) for i, v in enumerate(_served(first, "int8", texts))]
+    assert min(int8) >= 0.97 and sum(int8) / len(int8) >= 0.99
+    assert_reranks_like_cross_encoder(first, "reranker", reranker)
+    first.stop()
+
+    second = start_server(config=config, env=env)
+    assert converted not in second.log_text()  # reused, not converted again
+    assert cosine(_served(second, "float32", texts[:1])[0], reference_vectors[0]) >= 0.9999
+
+
+@pytest.mark.parametrize(("engine", "dtype", "message"), [
+    ("onnx", "bfloat16", "dtype"),
+    ("onnx", "float16", "float16 on CUDA only"),
+    ("ctranslate2", "bfloat16", "dtype"),
+    ("torch", "int8", "dtype"),
+])
+def test_engines_refuse_dtypes_they_cannot_run(engine, dtype, message):
+    if engine in ENGINES:
+        _require(engine)
+    with pytest.raises(ValueError, match=message):
+        load_model(resolve_model(ModelConfig(name="e", engine=engine, dtype=dtype)), 1)
+
+
+def test_ctranslate2_refuses_families_it_cannot_convert(tmp_path):
+    _require("ctranslate2")
+    mpnet = save_tiny_family_model(tmp_path / "mpnet", "mpnet")
+    with pytest.raises(ValueError, match="is mpnet"):
+        load_model(resolve_model(ModelConfig(name="m", source=str(mpnet), engine="ctranslate2")), 1)
