@@ -3,7 +3,8 @@ test_sparse.py) through the whole request path in one process (tests/fast/inproc
 route -> head -> encoding, against what the fake engine's functions give for the inputs
 as the model's own tokenizer and processors prepare them: a cross-encoder's rerank, a
 classifier's labels, a multi-vector model's matrices and MaxSim, a two-tower model's
-texts, images and clips, a page-retrieval model's queries and pages."""
+texts, images and clips, a page-retrieval model's queries and pages. Also: a model named
+on a route its kind does not serve is told the routes its kind does."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import asyncio
 import base64
 import io
 import json
+import re
 import wave
 from pathlib import Path
 
@@ -20,11 +22,12 @@ from PIL import Image
 from safetensors.numpy import load_file
 from tokenizers import Tokenizer
 
+from infinity.api.routes import ROUTES
 from infinity.config import ModelConfig
 from infinity.shared.kinds import KINDS, TEXT
 from tests.fast.inprocess import media_features, output_width, pooled_states, serving, token_states
 from tests.support.tiny_models import (CLAP_SAMPLING_RATE, CLASSIFIER_LABELS, save_tiny_clap, save_tiny_classifier,
-                                       save_tiny_clip, save_tiny_colpali, save_tiny_cross_encoder,
+                                       save_tiny_clip, save_tiny_colpali, save_tiny_cross_encoder, save_tiny_masked_lm,
                                        save_tiny_pylate_colbert)
 
 pytestmark = pytest.mark.timeout(60)
@@ -32,17 +35,21 @@ pytestmark = pytest.mark.timeout(60)
 
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """A tiny model folder of each kind tested here, by kind."""
+    """A tiny model folder of each kind but embed (the packaged model), by kind; a plain
+    masked language model stands for a sparse one."""
     root = tmp_path_factory.mktemp("kinds")
     return {"rerank": save_tiny_cross_encoder(root / "rerank"), "classify": save_tiny_classifier(root / "classify"),
-            "multivector": save_tiny_pylate_colbert(root / "multivector"),
+            "multivector": save_tiny_pylate_colbert(root / "multivector"), "sparse": save_tiny_masked_lm(root / "mlm"),
             "image_text": save_tiny_clip(root / "clip"), "audio_text": save_tiny_clap(root / "clap"),
             "image_multivector": save_tiny_colpali(root / "colpali")}
 
 
 def _model(folders: dict[str, Path], kind: str, name: str | None = None, **settings: object) -> ModelConfig:
     """The model of `kind`, named as its kind unless `name` says."""
-    return ModelConfig(name=name or kind, source=str(folders[kind]), engine="torch", **settings)
+    if kind == "embed":
+        return ModelConfig(name=kind, engine="torch")
+    return ModelConfig(name=name or kind, source=str(folders[kind]), engine="torch",
+                       **({"kind": "sparse"} if kind == "sparse" else {}), **settings)
 
 
 def _tokenizer(folder: Path) -> Tokenizer:
@@ -369,3 +376,63 @@ def test_a_page_retrieval_model_embeds_queries_and_pages_and_reranks_pages_by_ma
     assert [result["index"] for result in ranked["results"]] == best_first
     np.testing.assert_allclose([r["relevance_score"] for r in ranked["results"]], scores[best_first], rtol=1e-5)
     assert ranked["usage"]["prompt_tokens"] == query_tokens + sum(tokens for tokens, _ in pages)
+
+
+# --- a model on a route its kind does not serve ------------------------------------------------------
+
+# A valid body of each route that runs a model (it is decoded before the model is chosen).
+BODIES = {"/v1/embeddings": {"input": ["a text"]}, "/embeddings_image": {"input": IMAGE_URIS[:1]},
+          "/embeddings_audio": {"input": ["data:audio/wav;base64,AAAA"]}, "/v1/embed": {"texts": ["a text"]},
+          "/v1/embed_sparse": {"inputs": ["a text"]}, "/v1/rerank": {"query": "a", "documents": ["b"]},
+          "/v1/classify": {"input": ["a text"]}}
+MODEL_ROUTES = [route.operation for route in ROUTES if route.operation.kinds]
+
+
+@pytest.fixture(scope="module")
+def every_kind(folders):
+    """A server of one model of each kind, named as its kind, on an event loop of its own
+    for this module's tests to run their requests on: (the loop, the client)."""
+    loop = asyncio.new_event_loop()
+    server = serving(model=[_model(folders, kind) for kind in KINDS])
+    try:
+        client = loop.run_until_complete(server.__aenter__())
+        yield loop, client
+        loop.run_until_complete(server.__aexit__(None, None, None))
+    finally:
+        loop.close()
+
+
+def test_every_model_route_has_a_body_here():
+    assert set(BODIES) == {operation.path for operation in MODEL_ROUTES}
+
+
+@pytest.mark.parametrize("operation", MODEL_ROUTES, ids=lambda operation: operation.path)
+def test_a_model_of_another_kind_is_told_the_routes_its_kind_serves(operation, every_kind):
+    loop, client = every_kind
+
+    async def ask(kind: str) -> tuple[int, dict]:
+        answer = await client.post(operation.path, json={**BODIES[operation.path], "model": kind})
+        return answer.status, (await answer.json())["error"]
+
+    others = [kind for kind in KINDS if kind not in operation.kinds]
+    assert others
+    for kind in others:
+        status, error = loop.run_until_complete(ask(kind))
+        assert (status, error["code"], error["param"]) == (400, "wrong_model_kind", "model"), (kind, error)
+        serves = re.fullmatch(f"model '{kind}' is of kind '{kind}'; it serves (.*), not this route", error["message"])
+        assert serves is not None, error["message"]
+        routes = [f"{op.method.upper()} {op.path}" for op in MODEL_ROUTES if kind in op.kinds]
+        assert serves[1].split(" and ") == routes
+
+
+def test_a_media_route_without_a_model_name_serves_the_one_model_of_its_kinds(every_kind):
+    loop, client = every_kind
+    uri = _data_uri(_wav(440)[0], "audio/wav")
+
+    async def ask() -> tuple[dict, dict]:
+        unnamed = await client.post("/embeddings_audio", json={"input": [uri]})
+        named = await client.post("/v1/embeddings", json={"model": "audio_text", "input": [uri], "modality": "audio"})
+        return await unnamed.json(), await named.json()
+
+    unnamed, named = loop.run_until_complete(ask())
+    assert unnamed["model"] == "audio_text" and unnamed["data"] == named["data"]
