@@ -4,7 +4,9 @@ route -> head -> encoding, against what the fake engine's functions give for the
 as the model's own tokenizer and processors prepare them: a cross-encoder's rerank, a
 classifier's labels, a multi-vector model's matrices and MaxSim, a two-tower model's
 texts, images and clips, a page-retrieval model's queries and pages. Also: a model named
-on a route its kind does not serve is told the routes its kind does."""
+on a route its kind does not serve is told the routes its kind does; and an array a
+preprocessor adds to its features reaches the engine's media pass as it made it, with no
+code in between told of it."""
 
 from __future__ import annotations
 
@@ -24,11 +26,14 @@ from tokenizers import Tokenizer
 
 from infinity.api.routes import ROUTES
 from infinity.config import ModelConfig
+from infinity.shared import protocol
 from infinity.shared.kinds import KINDS, TEXT
-from tests.fast.inprocess import media_features, output_width, pooled_states, serving, token_states
+from tests.fast.inprocess import ThreadLauncher, media_features, output_width, pooled_states, serving, token_states
 from tests.support.tiny_models import (CLAP_SAMPLING_RATE, CLASSIFIER_LABELS, save_tiny_clap, save_tiny_classifier,
                                        save_tiny_clip, save_tiny_colpali, save_tiny_cross_encoder, save_tiny_masked_lm,
                                        save_tiny_pylate_colbert)
+from workers.preprocess import image
+from workers.preprocess.media import item_bytes
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -436,3 +441,43 @@ def test_a_media_route_without_a_model_name_serves_the_one_model_of_its_kinds(ev
 
     unnamed, named = loop.run_until_complete(ask())
     assert unnamed["model"] == "audio_text" and unnamed["data"] == named["data"]
+
+
+# --- a new input field ----------------------------------------------------------------------------
+
+def _animation(frames: int, shade: int) -> bytes:
+    """A GIF of `frames` frames, the first of grey `shade`."""
+    pictures = [Image.new("RGB", (32, 32), (shade + 20 * i,) * 3) for i in range(frames)]
+    return _image_file(pictures[0], "GIF", save_all=True, append_images=pictures[1:])
+
+
+def test_an_array_a_preprocessor_adds_reaches_the_engines_media_pass_per_item_collated(folders, monkeypatch):
+    """The image preprocessor wrapped to give each image's frame count beside its pixels:
+    the engine's media pass gets it, stacked over the batch's items as the pixels are, and
+    nothing else changes."""
+    prepare = image.Preprocessor.prepare
+
+    def with_frame_count(self: image.Preprocessor, request: protocol.Tokenize) -> protocol.Tokenized:
+        answer = prepare(self, request)
+        frames = [Image.open(io.BytesIO(item_bytes(item, "input", 1 << 20, "image"))).n_frames
+                  for item in request.media or []]
+        answer.inputs.arrays.append(protocol.ArrayPart.of("frame_count", np.array(frames, dtype=np.int64)))
+        return answer
+
+    monkeypatch.setattr(image.Preprocessor, "prepare", with_frame_count)
+    files = [_animation(1, 30), _animation(3, 120), _animation(2, 200)]
+    launcher = ThreadLauncher()
+
+    async def test():
+        async with serving(launcher, model=_model(folders, "image_text")) as client:
+            answer = await client.post("/embeddings_image", json={"input": [_data_uri(f, "image/gif") for f in files]})
+            return await answer.json()
+
+    answer = asyncio.run(test())
+    seen = launcher.engines["image_text"].media_seen[-1]
+    assert set(seen) == {"pixel_values", "frame_count"}
+    assert seen["frame_count"].dtype == np.int64 and seen["frame_count"].tolist() == [1, 3, 2]
+    pixels = _clip_pixels(folders["image_text"], files)
+    np.testing.assert_array_equal(seen["pixel_values"], pixels)
+    vectors = media_features(pixels, _width(folders["image_text"], "image_text"))
+    np.testing.assert_allclose(_floats(answer), _unit(vectors), atol=1e-6)
