@@ -198,11 +198,12 @@ class ThreadLauncher:
 
 
 @contextlib.asynccontextmanager
-async def serving(launcher: ThreadLauncher | None = None, model: ModelConfig | None = None,
+async def serving(launcher: ThreadLauncher | None = None, model: ModelConfig | list[ModelConfig] | None = None,
                   **server_settings: object) -> AsyncIterator[TestClient]:
-    """An HTTP client of a server of `model` (the default model, named "m"), its children
-    in threads, ready."""
-    config = Config(server=ServerConfig(**server_settings), models=[model or ModelConfig(name="m", engine="torch")])
+    """An HTTP client of a server of `model`, or of each model of a list (the default
+    model, named "m"), its children in threads, ready."""
+    models = model if isinstance(model, list) else [model or ModelConfig(name="m", engine="torch")]
+    config = Config(server=ServerConfig(**server_settings), models=models)
     specs = [spec for model in config.models for spec in resolve_replicas(model)]
     app = create_app(config, specs, launch=launcher or ThreadLauncher())
     async with TestClient(TestServer(app)) as client:

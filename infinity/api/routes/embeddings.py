@@ -34,10 +34,11 @@ AUDIO_KINDS = kinds_serving("audio_embed")
 SPARSE_KINDS = kinds_serving("sparse")
 
 
-async def embeddings(request: web.Request, body: EmbeddingRequest) -> EmbeddingResponse:
+async def embeddings(request: web.Request, body: EmbeddingRequest,
+                     kinds: tuple[str, ...] = OPENAI_KINDS) -> EmbeddingResponse:
     """OpenAI embeddings; with `embedding_types`, each item holds `embeddings` by type
-    instead of `embedding`."""
-    model = served_model(request, body.model, OPENAI_KINDS)
+    instead of `embedding`. `kinds`: those of the route asked (a media route serves fewer)."""
+    model = served_model(request, body.model, kinds)
     body = _with_input(body)
     if body.modality == "text":
         inputs = text_or_token_inputs(body.input, max_items(request))
@@ -112,12 +113,12 @@ def _with_input(body: EmbeddingRequest) -> EmbeddingRequest:
 
 async def embeddings_image(request: web.Request, body: EmbeddingRequest) -> EmbeddingResponse:
     """infinity's image route: OpenAI embeddings of images (data: URIs or URLs)."""
-    return await embeddings(request, msgspec.structs.replace(body, modality="image"))
+    return await embeddings(request, msgspec.structs.replace(body, modality="image"), IMAGE_KINDS)
 
 
 async def embeddings_audio(request: web.Request, body: EmbeddingRequest) -> EmbeddingResponse:
     """infinity's audio route: OpenAI embeddings of audio clips (data: URIs or URLs)."""
-    return await embeddings(request, msgspec.structs.replace(body, modality="audio"))
+    return await embeddings(request, msgspec.structs.replace(body, modality="audio"), AUDIO_KINDS)
 
 
 async def cohere_embed(request: web.Request, body: CohereEmbedRequest) -> CohereEmbedResponse:
