@@ -2,7 +2,7 @@
 # Run here (not on the GPU machine), before bench/gpu_check.sh: fills .gpu/ (ignored by git)
 # with what the lent GPU machine lacks. That machine has Python 3.12 with torch, transformers,
 # sentence-transformers, onnxruntime, aiohttp and uvloop, and no network; a call to it
-# carries at most 64 MiB. So .gpu/ holds the wheel of msgspec for Python 3.12,
+# carries at most 64 MiB. So .gpu/ holds the wheels of msgspec and pyzmq for Python 3.12,
 # and the default model with its weights stored in float16 (the packaged 83 MB zip does not
 # fit; config.json says float32, so they load as float32), which both our engines and the
 # reference load from the same folder.
@@ -13,7 +13,7 @@ rm -rf .gpu && mkdir -p .gpu/wheels
 grep -qsx '/.gpu/' .git/info/exclude || echo '/.gpu/' >> .git/info/exclude
 .venv/bin/python -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-  -d .gpu/wheels msgspec==0.23.0
+  -d .gpu/wheels msgspec==0.23.0 pyzmq==27.3.0
 .venv/bin/python - <<'PY'
 import json, shutil, tempfile, zipfile
 from pathlib import Path

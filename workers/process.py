@@ -27,7 +27,7 @@ def run_child(args: protocol.WorkerArgs, serve: Callable[[protocol.WorkerArgs, C
     try:
         serve(args, channel)
     finally:
-        channel.close()
+        channel.close()  # waits until the front end has read what was sent, `StartupFailed` say
 
 
 def start_child(args: protocol.WorkerArgs) -> ChannelToFront:
@@ -60,6 +60,7 @@ def start_child(args: protocol.WorkerArgs) -> ChannelToFront:
 
 
 def _exit_on_sigterm(signum: int, frame: object) -> None:
-    """Leave at once: the front end owns every shared resource (arenas, socket files) and
-    the drain happened before it sent SIGTERM."""
+    """Leave at once: the front end owns every shared resource (arenas, endpoint files) and
+    the drain happened before it sent SIGTERM; tearing down ZeroMQ under a thread that is
+    still using it would only risk a crash or a hang."""
     os._exit(0)

@@ -140,7 +140,7 @@ class EngineClient:
                  media: MediaConfig | None = None) -> None:
         self._server = server
         self._media = media or MediaConfig()
-        self._folder = shm.ServerFolder()  # arenas and channels' socket files
+        self._folder = shm.ServerFolder()  # arenas and channels' ipc endpoints
         self._pending: dict[int, _Pending] = {}
         self._next_id = 0
         self._outstanding: dict[str, int] = {}
@@ -181,7 +181,8 @@ class EngineClient:
         return tokenizers
 
     def _channel(self, name: str) -> str:
-        return f"{self._folder.path}/{name.replace(':', '_')}"
+        """The base of a child's channel endpoints, in this server's folder."""
+        return f"ipc://{self._folder.path}/{name.replace(':', '_')}"
 
     def _args(self, name: str, specs: list[ModelSpec], cpus: list[int] | None, threads: int) -> protocol.WorkerArgs:
         return protocol.WorkerArgs(
@@ -396,7 +397,7 @@ class EngineClient:
             log.warning("%d requests still held after %.0f s: they fail", len(self._pending), timeout)
 
     async def stop(self) -> None:
-        """Stop every child, fail what is still pending, remove arenas and sockets."""
+        """Stop every child, fail what is still pending, remove arenas and channels."""
         self._stopping = True
         for child in self.children:
             child.terminate()

@@ -2,7 +2,8 @@
 
 The supervisor starts each child with `multiprocessing` (spawn) by its entry point, a
 "module:function" name the child imports (so the front end never imports worker code
-to start one), watches its sentinel
+to start one), opens a fresh channel to it at each start (endpoints numbered by start,
+so a restarted child never hears what was meant for its predecessor), watches its sentinel
 from the event loop so a death is noticed at once, restarts it with a back-off, and at
 stop terminates every child, then kills any that linger.
 """
@@ -19,6 +20,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import msgspec
 
 from infinity.shared import protocol
 from infinity.shared.channel import ChannelToChild
@@ -149,7 +152,7 @@ class Child:
 
     def __init__(self, args: protocol.WorkerArgs, entry_point: str, launch: Launch = spawn_process,
                  environment: dict[str, str] | None = None) -> None:
-        self.args = args
+        self.args = args  # its `channel` is the base of every start's endpoints
         self.environment = environment or {}  # set for the child beside the server's own
         self.name = args.name
         self._entry_point = entry_point
@@ -160,16 +163,24 @@ class Child:
         self.ready = False
         self.failures = 0  # in a row, for the back-off: a child that comes up starts again at 0
         self.restarts = 0  # since the server started
+        self._starts = 0
 
     def start(self, on_message: Callable[[protocol.Message], None], on_exit: Callable[[Child], None]) -> None:
-        """Open a fresh channel (so nothing queued for a dead predecessor reaches the new
-        process), whose messages go to `on_message`, and spawn the process."""
+        """Open a fresh channel, whose messages go to `on_message`, and spawn the process."""
         self.ready = False
-        self.channel = ChannelToChild(self.args.channel, on_message)
-        self.process = self._launch(self._entry_point, self.args)
+        args = self.open_channel(on_message)
+        self.process = self._launch(self._entry_point, args)
         with _environment(self.environment):
             self.process.start()
         asyncio.get_running_loop().add_reader(self.process.sentinel, self._exited, on_exit)
+
+    def open_channel(self, on_message: Callable[[protocol.Message], None]) -> protocol.WorkerArgs:
+        """Open a channel at endpoints of this start's own, so nothing queued for a dead
+        predecessor reaches the new process; return the args to start the process with."""
+        self._starts += 1
+        args = msgspec.structs.replace(self.args, channel=f"{self.args.channel}.{self._starts}")
+        self.channel = ChannelToChild(args.channel, on_message)
+        return args
 
     def restart_delay(self) -> float:
         """Count a failure; the seconds to wait before starting the child again."""
@@ -179,7 +190,7 @@ class Child:
 
     def send(self, message: protocol.Message) -> None:
         """Queue `message` for the child. What is queued in one turn of the event loop
-        leaves together, in one write: one wake-up of the child for all of it
+        leaves together, as one ZeroMQ message: one wake-up of the child for all of it
         (bench/results/serving-path.md#one-zeromq-send-per-turn)."""
         assert self.channel is not None
         self._outbox.append(message)

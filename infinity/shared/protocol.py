@@ -1,8 +1,8 @@
 """Every message that crosses a process boundary, and how it is framed.
 
 The front end and each child talk over one channel (`infinity.shared.channel`), both
-ways. Bodies are msgpack-encoded msgspec Structs, tagged so one decoder reads any of
-them. Result vectors never travel here: the inference process writes them
+ways. Messages sent together travel as one body, a msgpack array of msgspec Structs,
+each tagged so one decoder reads any of them. Result vectors never travel here: the inference process writes them
 into shared-memory slots the front end chose (see `infinity.shared.shm`), and `Done` only says
 they are there.
 
@@ -21,6 +21,7 @@ a new input field is made by a preprocessor and read by an engine, nothing betwe
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 
 import msgspec
 import numpy as np
@@ -102,7 +103,9 @@ class WorkerArgs(msgspec.Struct, frozen=True):
     """Everything a child process is started with."""
 
     name: str  # "tokenizer-0", "inference-cpu", "inference-cuda:1", ...
-    channel: str  # the Unix socket path the front end listens on for this child (`infinity.shared.channel`)
+    # The base of the ZeroMQ endpoints the front end binds for this start of the child:
+    # "ipc://<folder>/<name>.<start>" (`infinity.shared.channel`).
+    channel: str
     models: list[ModelSpec]
     cpus: list[int] | None  # CPU affinity; None leaves it alone
     threads: int
@@ -340,12 +343,14 @@ class BatchRan(msgspec.Struct, tag=True, array_like=True):
 Message = Tokenize | Tokenized | Infer | Cancel | Done | Failed | Ready | StartupFailed | BatchRan
 
 _encoder = msgspec.msgpack.Encoder()
-_decoder = msgspec.msgpack.Decoder(Message)
+_decoder = msgspec.msgpack.Decoder(list[Message])
 
 
-def encode(message: Message) -> bytes:
-    return _encoder.encode(message)
+def encode(messages: Sequence[Message]) -> bytes:
+    """Messages sent together, as one msgpack array: one body for the transport to carry,
+    however many messages it holds."""
+    return _encoder.encode(messages)
 
 
-def decode(data: bytes | memoryview) -> Message:
+def decode(data: bytes | memoryview) -> list[Message]:
     return _decoder.decode(data)

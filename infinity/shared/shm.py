@@ -3,11 +3,11 @@ result vectors from an inference process to the front end, and the slot pool the
 end allocates them from.
 
 Each server start owns one folder, `/dev/shm/infinity-emb-<pid>-<token>`, holding its
-arenas and its channels' socket files, and a `lock` file the front end holds locked (flock)
-for as long as it runs. The random token keeps two servers apart even when their pids are
-alike (pid 1 in containers that share an IPC namespace); a folder is stale, and removed at
-the next start, only when its lock can be taken, that is when its owner is gone, whatever
-its pid.
+arenas, its channels' ipc endpoint files (until each child connects), and a `lock` file
+the front end holds locked (flock) for as long as it runs. The random token keeps two
+servers apart even when their pids are alike (pid 1 in containers that share an IPC
+namespace); a folder is stale, and removed at the next start, only when its lock can be
+taken, that is when its owner is gone, whatever its pid.
 
 An arena is a file of `slots` rows of `dim` float32 in that folder. The inference process
 creates it when its model is loaded and writes row i when told to; the front end maps it,

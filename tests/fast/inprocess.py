@@ -181,11 +181,14 @@ class ThreadLauncher:
     def __call__(self, entry_point: str, args: WorkerArgs) -> ThreadProcess:
         def run() -> None:
             channel = ChannelToFront(args.channel)
-            if entry_point == TOKENIZER_ENTRY_POINT:
-                tokenizer_worker.serve(args, channel)
-            else:
-                assert entry_point == INFERENCE_ENTRY_POINT, entry_point
-                inference_worker.serve(args, channel, load=self._load)
+            try:
+                if entry_point == TOKENIZER_ENTRY_POINT:
+                    tokenizer_worker.serve(args, channel)
+                else:
+                    assert entry_point == INFERENCE_ENTRY_POINT, entry_point
+                    inference_worker.serve(args, channel, load=self._load)
+            finally:
+                channel.close()  # as `workers.process.run_child` does
 
         process = ThreadProcess(run, args.name)
         self.processes[args.name] = process

@@ -1,47 +1,55 @@
-"""The channel between the front end and a child: messages both ways, in order, whole
-however the stream cuts them; sent before the child connects, delivered once it does;
-one child per channel; either end learns when the other lets go."""
+"""The channel between the front end and a child: messages both ways, in order, whole; what
+is sent together leaves as one ZeroMQ message; sent before the child connects, delivered
+once it does; one child per channel, and no endpoint file left; either end learns when the
+other lets go; a child that closes its end is heard out before it ends."""
 
 from __future__ import annotations
 
 import asyncio
+import multiprocessing
 import os
+from pathlib import Path
 
 import pytest
+import zmq
 
 from infinity.shared import protocol
-from infinity.shared.channel import ChannelClosed, ChannelToChild, ChannelToFront, _Frames, _framed
+from infinity.shared.channel import ChannelClosed, ChannelToChild, ChannelToFront
+from workers.process import run_child
 
-# Far more than one read takes, so a message arrives in many pieces.
+# Far more than one read of a socket takes, so a message arrives in many pieces.
 LARGE = protocol.Infer(7, "m", [0], protocol.TokenInputs(os.urandom(3_000_000), [750_000]))
 
 
-def test_a_stream_cut_anywhere_gives_the_messages_whole_and_in_order():
-    messages = [protocol.Cancel(1), protocol.Done(2), protocol.Cancel(3)]
-    data = _framed(messages)
-    for cut in range(1, len(data)):
-        frames = _Frames()
-        assert frames.feed(data[:cut]) + frames.feed(data[cut:]) == messages
-    frames = _Frames()
-    assert [message for byte in range(len(data)) for message in frames.feed(data[byte:byte + 1])] == messages
+def _base(folder: Path) -> str:
+    return f"ipc://{folder}/child.1"
+
+
+async def _until(condition, tries: int = 500) -> None:
+    for _ in range(tries):
+        if condition():
+            return
+        await asyncio.sleep(0.01)
+
+
+async def _connected(folder: Path) -> None:
+    """Until the front end has seen the child connect to its end (and removed its file)."""
+    await _until(lambda: not (folder / "child.1.in").exists())
 
 
 def test_messages_both_ways_in_order_large_ones_too(tmp_path):
-    path = str(tmp_path / "child")
+    base = _base(tmp_path)
 
     async def exchange() -> tuple[list[protocol.Message], list[protocol.Message]]:
         from_child: list[protocol.Message] = []
-        front = ChannelToChild(path, from_child.append)
+        front = ChannelToChild(base, from_child.append)
         front.send([protocol.Cancel(1)])  # before the child connects: held until it does
-        end = ChannelToFront(path)
+        end = ChannelToFront(base)
         front.send([LARGE, protocol.Cancel(2)])
         to_child = [await asyncio.to_thread(end.receive) for _ in range(3)]
         await asyncio.to_thread(end.send, protocol.Done(1), LARGE)
         await asyncio.to_thread(end.send, protocol.Done(2))
-        for _ in range(500):
-            if len(from_child) == 3:
-                break
-            await asyncio.sleep(0.01)
+        await _until(lambda: len(from_child) == 3)
         front.close()
         end.close()
         return to_child, from_child
@@ -51,52 +59,121 @@ def test_messages_both_ways_in_order_large_ones_too(tmp_path):
     assert from_child == [protocol.Done(1), LARGE, protocol.Done(2)]
 
 
-def test_one_child_per_channel_and_no_socket_file_left(tmp_path):
-    path = str(tmp_path / "child")
+def test_what_is_sent_together_leaves_as_one_zeromq_message_both_ways(tmp_path):
+    """Each end's peer here is a bare ZeroMQ socket, which sees the messages as they travel."""
+    base = _base(tmp_path)
+    context = zmq.Context.instance()
 
-    async def connect_twice() -> None:
-        front = ChannelToChild(path, lambda message: None)
-        end = ChannelToFront(path)
-        for _ in range(100):  # the front end accepts on its next turns
-            if not os.path.exists(path):
-                break
-            await asyncio.sleep(0.01)
+    async def front_end_sends() -> list[bytes]:
+        front = ChannelToChild(base, lambda message: None)
+        child = context.socket(zmq.PULL)
+        child.connect(f"{base}.in")
+        front.send([protocol.Cancel(1), LARGE, protocol.Cancel(3)])
+        front.send([protocol.Cancel(4)])
+        received = [await asyncio.to_thread(child.recv) for _ in range(2)]
+        front.close()
+        child.close(linger=0)
+        return received
+
+    first, second = asyncio.run(front_end_sends())
+    assert protocol.decode(first) == [protocol.Cancel(1), LARGE, protocol.Cancel(3)]
+    assert protocol.decode(second) == [protocol.Cancel(4)]
+
+    to_child, to_front = context.socket(zmq.PUSH), context.socket(zmq.PULL)
+    to_child.bind(f"{base}.in")
+    to_front.bind(f"{base}.out")
+    end = ChannelToFront(base)
+    end.send(protocol.Done(1), LARGE, protocol.Done(2))
+    end.send(protocol.Done(3))
+    assert protocol.decode(to_front.recv()) == [protocol.Done(1), LARGE, protocol.Done(2)]
+    assert protocol.decode(to_front.recv()) == [protocol.Done(3)]
+    to_child.send(b"")  # the front end's goodbye, which the closing end waits for
+    end.close()
+    assert to_front.recv() == b""  # the child's: it is closing
+    for socket in (to_child, to_front):
+        socket.close(linger=0)
+
+
+def test_one_child_per_channel_and_no_endpoint_file_left(tmp_path):
+    base = _base(tmp_path)
+
+    async def connect_twice() -> list[protocol.Message]:
+        received: list[protocol.Message] = []
+        front = ChannelToChild(base, received.append)
+        end = ChannelToFront(base)
+        end.send(protocol.Done(1))  # a child's first message (`Ready`)
+        await _until(lambda: received and not any(tmp_path.iterdir()))  # the front end saw it connect
+        assert not any(tmp_path.iterdir())
         with pytest.raises((FileNotFoundError, ConnectionRefusedError)):
-            ChannelToFront(path)
+            ChannelToFront(base)
+        front.send([protocol.Cancel(2)])  # still reaches the one child
+        received.append(await asyncio.to_thread(end.receive))
         front.close()
         end.close()
+        return received
 
-    asyncio.run(connect_twice())
-    assert not os.path.exists(path)
+    assert asyncio.run(connect_twice()) == [protocol.Done(1), protocol.Cancel(2)]
+    assert not any(tmp_path.iterdir())
+
+
+def test_a_channel_closed_before_its_child_connected_leaves_no_file_and_takes_no_child(tmp_path):
+    base = _base(tmp_path)
+
+    async def close_unused() -> None:
+        front = ChannelToChild(base, lambda message: None)
+        front.send([protocol.Cancel(1)])
+        front.close()
+
+    asyncio.run(close_unused())
+    assert not any(tmp_path.iterdir())
+    with pytest.raises((FileNotFoundError, ConnectionRefusedError)):
+        ChannelToFront(base)
 
 
 def test_a_child_learns_that_the_front_end_closed_its_channel(tmp_path):
-    path = str(tmp_path / "child")
+    base = _base(tmp_path)
 
     async def close_under_the_child() -> None:
-        front = ChannelToChild(path, lambda message: None)
-        end = ChannelToFront(path)
-        await asyncio.sleep(0.05)
+        front = ChannelToChild(base, lambda message: None)
+        end = ChannelToFront(base)
+        await _connected(tmp_path)
         front.close()
         with pytest.raises(ChannelClosed):
-            await asyncio.to_thread(end.receive)
+            await asyncio.wait_for(asyncio.to_thread(end.receive), 5)
         with pytest.raises(ChannelClosed):
-            for _ in range(100):  # the first writes may still find room in the socket
+            for _ in range(100):
                 end.send(protocol.Done(1))
         end.close()
 
     asyncio.run(close_under_the_child())
 
 
+def test_a_child_cannot_use_its_end_once_it_closed_it(tmp_path):
+    base = _base(tmp_path)
+
+    async def close_then_use() -> None:
+        front = ChannelToChild(base, lambda message: None)
+        end = ChannelToFront(base)
+        await _connected(tmp_path)
+        await asyncio.to_thread(end.close)  # the front end, on this loop, answers its goodbye
+        with pytest.raises(ChannelClosed):
+            end.receive()
+        with pytest.raises(ChannelClosed):
+            end.send(protocol.Done(1))
+        front.close()
+
+    asyncio.run(close_then_use())
+
+
 def test_the_front_end_stops_reading_a_child_that_went_away(tmp_path):
-    path = str(tmp_path / "child")
+    base = _base(tmp_path)
     received: list[protocol.Message] = []
 
     async def child_goes_away() -> None:
-        front = ChannelToChild(path, received.append)
-        end = ChannelToFront(path)
+        front = ChannelToChild(base, received.append)
+        end = ChannelToFront(base)
         end.send(protocol.Done(1))
-        end.close()
+        await asyncio.to_thread(end.close)
         await asyncio.sleep(0.1)
         front.send([protocol.Cancel(2)])  # to a child that is gone: dropped, no error
         front.close()
@@ -109,14 +186,46 @@ def test_a_childs_threads_end_quietly_once_the_front_end_closes_its_channel(tmp_
     from workers.inference.scheduler import Scheduler
     from workers.inference.worker import _receive
 
-    path = str(tmp_path / "child")
+    base = _base(tmp_path)
 
     async def close_then_receive() -> None:
-        front = ChannelToChild(path, lambda message: None)
-        end = ChannelToFront(path)
-        await asyncio.sleep(0.05)
+        front = ChannelToChild(base, lambda message: None)
+        end = ChannelToFront(base)
+        await _connected(tmp_path)
         front.close()
         await asyncio.wait_for(asyncio.to_thread(_receive, end, Scheduler()), 5)  # returns, raises nothing
         end.close()
 
     asyncio.run(close_then_receive())
+
+
+def _fail_to_start(args: protocol.WorkerArgs, channel: ChannelToFront) -> None:
+    """A child's `serve` that reports a failed start, a large one, and returns."""
+    channel.send(protocol.StartupFailed(args.name, "x" * 3_000_000))
+
+
+def _child_that_fails_to_start(args: protocol.WorkerArgs) -> None:
+    """A child process's main that ends the moment its `run_child` returns: nothing it
+    sent may still be on the way then."""
+    run_child(args, _fail_to_start)
+    os._exit(0)
+
+
+def test_a_child_that_closes_its_end_is_heard_out_before_it_ends(tmp_path):
+    base = _base(tmp_path)
+    args = protocol.WorkerArgs("inference-test", base, [], None, 1, "", 1, "info")
+    received: list[protocol.Message] = []
+
+    async def child_fails() -> int | None:
+        front = ChannelToChild(base, received.append)
+        process = multiprocessing.get_context("spawn").Process(target=_child_that_fails_to_start, args=(args,))
+        process.start()
+        await asyncio.to_thread(process.join, 60)
+        heard = list(received)  # by the time its exit is seen
+        front.close()
+        assert heard == received
+        return process.exitcode
+
+    assert asyncio.run(child_fails()) == 0
+    assert received == [protocol.StartupFailed("inference-test", "x" * 3_000_000)]
+    assert not any(tmp_path.iterdir())

@@ -35,7 +35,11 @@ MESSAGES = [
 
 @pytest.mark.parametrize("message", MESSAGES, ids=lambda m: type(m).__name__)
 def test_every_message_round_trips(message):
-    assert protocol.decode(protocol.encode(message)) == message
+    assert protocol.decode(protocol.encode([message])) == [message]
+
+
+def test_messages_sent_together_round_trip_in_order():
+    assert protocol.decode(protocol.encode(MESSAGES)) == MESSAGES
 
 
 @pytest.mark.parametrize("arrays", [
@@ -47,7 +51,7 @@ def test_ragged_outputs_travel_exactly_whatever_their_dtype(arrays):
     from infinity.client.engine_client import _by_slot
     from workers.inference.worker import _ragged
 
-    done = protocol.decode(protocol.encode(protocol.Done(1, outputs=_ragged(arrays))))
+    (done,) = protocol.decode(protocol.encode([protocol.Done(1, outputs=_ragged(arrays))]))
     received = _by_slot(done.outputs)
     assert set(received) == set(arrays)
     for slot, array in arrays.items():

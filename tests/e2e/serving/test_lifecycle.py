@@ -208,7 +208,8 @@ def _kill_child_under_load(server, child: str, make_inputs, count: int, kill_aft
 
 def _check_recovery(server, child: str, victim: int, log_mark: int, sentences, reference_vectors,
                     channels: list[str]) -> None:
-    """`channels`: the front end's Unix sockets before the kill; the restart leaves as many."""
+    """`channels`: the front end's Unix sockets (its ZeroMQ ipc connections among them) before the kill; the
+    restart leaves as many."""
     # Right after the crash the server says it is not ready (the restart takes seconds).
     health = requests.get(server.url("/health"), timeout=10)
     assert_error(health, 503)
