@@ -5,7 +5,9 @@ transformers pipeline in the end-to-end tests)."""
 
 import importlib.util
 import json
+import os
 import time
+from pathlib import Path
 
 import msgspec
 import numpy as np
@@ -125,11 +127,21 @@ def test_every_engine_family_and_kind_matches_the_torch_engine(tmp_path, monkeyp
     np.testing.assert_allclose(tested.forward(ids, mask, types, express=True), expected, atol=2e-5)
 
 
+def _ctranslate2_runs_mkl_on_intel() -> bool:
+    """Whether CTranslate2 multiplies with Intel MKL on an Intel CPU here (its default
+    there). Elsewhere it uses oneDNN, and MKL on other CPUs takes other paths: their
+    kernels change with a product's row count, which moves the last bits."""
+    return ("GenuineIntel" in Path("/proc/cpuinfo").read_text()
+            and os.environ.get("CT2_USE_MKL", "1").lower() not in ("0", "false", "off"))
+
+
 @pytest.mark.skipif(importlib.util.find_spec("ctranslate2") is None, reason="ctranslate2 is not installed")
 def test_an_inputs_vector_does_not_depend_on_its_batch_mates(tmp_path, monkeypatch):
     """The CPU default (CTranslate2 float32 and the pooled head): the same input gives the
-    same vector alone and in batches padded to other lengths, to the bit, so a request
-    repeated gets its answer again whatever else was queued."""
+    same vector alone and in batches padded to other lengths, so a request repeated gets
+    its answer again whatever else was queued: to the bit where CTranslate2 multiplies with
+    MKL on an Intel CPU; elsewhere within float32 rounding (its kernels there change with
+    the batch's row count: docs/configuration.md#repeatable-vectors)."""
     monkeypatch.setenv("INFINITY_CACHE_DIR", str(tmp_path / "cache"))
     folder = save_tiny_bert(tmp_path / "bert", max_positions=128)
     model = load_model(resolve_model(ModelConfig(name="tiny", source=str(folder), engine="ctranslate2")), 2)
@@ -146,7 +158,10 @@ def test_an_inputs_vector_does_not_depend_on_its_batch_mates(tmp_path, monkeypat
 
     alone = np.concatenate([vectors([row]) for row in range(len(lengths))])
     for rows in ([0, 1, 2, 3], [4, 0], [5, 6, 7, 8, 9, 0], list(range(len(lengths)))):
-        np.testing.assert_array_equal(vectors(rows), alone[rows])
+        if _ctranslate2_runs_mkl_on_intel():
+            np.testing.assert_array_equal(vectors(rows), alone[rows])
+        else:
+            np.testing.assert_allclose(vectors(rows), alone[rows], rtol=0, atol=1e-6)
 
 
 def _reference_varlen(q, k, v, bounds_q, bounds_k, longest_q, longest_k):
