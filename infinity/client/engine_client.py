@@ -93,8 +93,9 @@ class _Pending:
     future: asyncio.Future[Result]
     holder: Child | None  # None: tokenized in the front end, not yet sent anywhere
     replica: Replica | None = None  # where it was sent to run
-    prompt_tokens: int = 0
-    truncated: int = 0
+    costs: list[int] = field(default_factory=list)  # each input's tokens (or a medium's cost)
+    billed: int = 0
+    truncated: list[int] = field(default_factory=list)  # positions of the inputs cut
     info: list[protocol.ImageInfo] | None = None  # what each input was as sent, where that says something
     abandoned: bool = False  # the client went away (or was answered with an error)
 
@@ -108,7 +109,8 @@ class Result:
     arena: shm.Arena
     slots: list[int]
     prompt_tokens: int
-    truncated: int
+    costs: list[int]  # what each input cost the pass: its tokens, a medium's patches or frames
+    cut: list[int]  # the positions of the inputs cut to the model's maximum length
     ragged: dict[int, np.ndarray] | None = None  # outputs that vary in size, by slot (not in the arena)
     info: list[protocol.ImageInfo] | None = None  # what each input was as sent (images: their size and format)
     _released: bool = field(default=False, repr=False)
@@ -117,6 +119,11 @@ class Result:
     def activation(self) -> str:
         assert self.model.info is not None
         return self.model.info.activation
+
+    @property
+    def truncated(self) -> int:
+        """How many inputs were cut to the model's maximum length."""
+        return len(self.cut)
 
     @property
     def labels(self) -> list[str]:
@@ -304,7 +311,8 @@ class EngineClient:
             self._finish(pending, ServingError(protocol.ErrorKind.MODEL_NOT_READY,
                                                f"model '{model.spec.name}' is restarting; retry shortly"))
             return
-        pending.prompt_tokens = message.inputs.billed
+        pending.billed = message.inputs.billed
+        pending.costs = _costs(message.inputs)
         pending.truncated = message.truncated
         pending.info = message.inputs.info
         pending.holder = replica.child
@@ -324,11 +332,11 @@ class EngineClient:
         replica.served += len(pending.slots)
         served = pending.model.served
         served.inputs += len(pending.slots)
-        served.prompt_tokens += pending.prompt_tokens
-        served.truncated += pending.truncated
+        served.prompt_tokens += pending.billed
+        served.truncated += len(pending.truncated)
         ragged = None if message.outputs is None else _by_slot(message.outputs)
         pending.future.set_result(Result(pending.model, replica.arena, pending.slots,
-                                         pending.prompt_tokens, pending.truncated, ragged, pending.info))
+                                         pending.billed, pending.costs, pending.truncated, ragged, pending.info))
 
     def _on_batch_ran(self, message: protocol.BatchRan) -> None:
         self.on_batch_ran(message)
@@ -431,6 +439,11 @@ def _within(texts: list[str] | None, limit: int) -> list[str] | None:
     if texts is None or all(len(text) <= limit for text in texts):
         return texts
     return [text[:limit + 1] for text in texts]
+
+
+def _costs(inputs: protocol.Inputs) -> list[int]:
+    """What each input costs a pass: its tokens, or a medium's cost."""
+    return inputs.lengths if isinstance(inputs, protocol.TokenInputs) else inputs.costs
 
 
 def _by_slot(outputs: protocol.Ragged) -> dict[int, np.ndarray]:

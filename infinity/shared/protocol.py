@@ -241,12 +241,12 @@ Inputs = TokenInputs | FeatureInputs
 
 
 class Tokenized(msgspec.Struct, tag=True, array_like=True):
-    """The inputs of a request made ready for its model; `truncated`: how many were cut to
-    the model's maximum length."""
+    """The inputs of a request made ready for its model; `truncated`: the positions of
+    those cut to the model's maximum length."""
 
     request_id: int
     inputs: Inputs
-    truncated: int = 0
+    truncated: list[int] = []
 
 
 class Infer(msgspec.Struct, tag=True, array_like=True):

@@ -19,7 +19,7 @@ MESSAGES = [
     protocol.Tokenize(2, "m", token_ids=[[1, 2], [3]]),
     protocol.Tokenize(8, "m", texts=["doc"], query="q"),
     protocol.Tokenized(9, protocol.TokenInputs(b"\x01\x00\x00\x00", [1], type_ids=b"\x01")),
-    protocol.Tokenized(3, protocol.TokenInputs(np.arange(5, dtype="<i4").tobytes(), [2, 3]), 1),
+    protocol.Tokenized(3, protocol.TokenInputs(np.arange(5, dtype="<i4").tobytes(), [2, 3]), [1]),
     protocol.Tokenized(10, protocol.FeatureInputs(
         [protocol.ArrayPart.of("pixel_values", np.ones((2, 3, 4, 4), np.float32)),
          protocol.ArrayPart.of("input_ids", np.arange(5, dtype=np.int64), rows=[2, 3])], [2, 3],

@@ -98,13 +98,13 @@ class ModelTokenizer:
             sequences = [e.ids for e in encodings]
             if self._pair_segments:
                 type_ids = np.fromiter((t for e in encodings for t in e.type_ids), dtype=np.int8).tobytes()
-            truncated = self._count_truncated(encodings, [c or query_cut[0] for c in cut])
+            truncated = self._truncated(encodings, [c or query_cut[0] for c in cut])
         elif request.texts is not None:
             texts, cut = self._readable(request.texts)
             # `_fast`: without character offsets, which nothing here reads (15-20% less time).
             encodings = self._tokenizer.encode_batch_fast(texts)
             sequences = [e.ids for e in encodings]
-            truncated = self._count_truncated(encodings, cut)
+            truncated = self._truncated(encodings, cut)
         else:
             sequences, truncated = self._check_token_ids(request.token_ids or [])
         lengths = [len(s) for s in sequences]
@@ -154,21 +154,21 @@ class ModelTokenizer:
         except Exception:  # the query alone does not fit: cut both sides
             return self._tokenizer.encode_batch_fast(pairs)
 
-    def _count_truncated(self, encodings: list[Encoding], cut: list[bool]) -> int:
-        """Inputs cut to max_length (or to what was read of them); with truncation off, an
-        input too long is an error."""
+    def _truncated(self, encodings: list[Encoding], cut: list[bool]) -> list[int]:
+        """The positions of the inputs cut to max_length (or to what was read of them); with
+        truncation off, an input too long is an error."""
         if self._spec.truncate:
-            return sum(1 for e, was_cut in zip(encodings, cut) if e.overflowing or was_cut)
+            return [i for i, (e, was_cut) in enumerate(zip(encodings, cut)) if e.overflowing or was_cut]
         for i, (encoding, was_cut) in enumerate(zip(encodings, cut)):
             if len(encoding.ids) > self._spec.max_length:
                 self._too_long(i, None if was_cut else len(encoding.ids))
             if was_cut:
                 raise InputError(f"input[{i}] is longer than {self._spec.max_input_chars} characters, the most "
                                  f"model '{self._spec.name}' reads of one input (truncation is off for this model)")
-        return 0
+        return []
 
-    def _check_token_ids(self, sequences: list[list[int]]) -> tuple[list[list[int]], int]:
-        truncated = 0
+    def _check_token_ids(self, sequences: list[list[int]]) -> tuple[list[list[int]], list[int]]:
+        truncated = []
         out = []
         for i, ids in enumerate(sequences):
             if any(t < 0 or t >= self._vocab_size for t in ids):
@@ -178,7 +178,7 @@ class ModelTokenizer:
                 if not self._spec.truncate:
                     self._too_long(i, len(ids))
                 ids = ids[:self._spec.max_length]
-                truncated += 1
+                truncated.append(i)
             out.append(ids)
         return out, truncated
 
