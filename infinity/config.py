@@ -17,13 +17,12 @@ import msgspec
 
 from infinity.shared.devices import normalise as normalise_device
 from infinity.shared.kinds import ENGINE_OUTPUTS, KINDS
+from infinity.shared.vectors import EmbeddingType  # what an embedding is answered as
 
 DEFAULT_MODEL_SOURCE = "default"
 DEFAULT_MODEL_NAME = "all-MiniLM-L6-v2"
 
 Pooling = Literal["mean", "cls", "lasttoken"]
-# What an embedding is answered as (infinity/api/quantize.py).
-EmbeddingType = Literal["float", "int8", "uint8", "binary", "ubinary"]
 ModelKind = Literal[("auto", *KINDS)]  # type: ignore[valid-type]
 EngineChoice = Literal[(*ENGINE_OUTPUTS, "auto")]  # type: ignore[valid-type]
 
@@ -107,7 +106,7 @@ class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     # /health and new requests are answered 503.
     shutdown_timeout: float = 30.0
     log_level: Literal["debug", "info", "warning", "error"] = "info"
-    # Output type of embeddings when a request names none (see infinity/api/quantize.py).
+    # Output type of embeddings when a request names none (see infinity/shared/vectors.py).
     embedding_type: EmbeddingType = "float"
     # On CPUs that compute bfloat16 natively, `dtype = "auto"` lets a model whose outputs
     # are vectors (the kinds table's `bfloat16_trial`) run in bfloat16 where a trial at

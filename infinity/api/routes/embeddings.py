@@ -16,7 +16,6 @@ from infinity.api import openapi
 from infinity.api.errors import APIError
 from infinity.api.inputs import output_types, text_inputs, text_or_token_inputs
 from infinity.api.media_fetch import media_bytes
-from infinity.api.quantize import EmbeddingType, encode, encode_matrix
 from infinity.api.routes.common import (CONFIG, ENGINE_CLIENT, FETCHER, MODEL_ERRORS, Route, kinds_serving, max_items,
                                         served_model, usage)
 from infinity.api.types.common import ApiVersion, BilledUnits, CohereMeta, ImagePart, InputTokens, TextPart
@@ -25,6 +24,7 @@ from infinity.api.types.embeddings import (AudioUrlPart, CohereEmbedRequest, Coh
                                            SparseEmbedResponse, SparseEmbedding, SparseValue)
 from infinity.client.engine_client import ModelInputs, Result
 from infinity.client.topology import ServedModel
+from infinity.shared.vectors import EmbeddingType, encode, encode_matrix, largest, shorten
 
 # the model kinds each route serves
 OPENAI_KINDS = kinds_serving("embed", "sparse")
@@ -226,16 +226,8 @@ async def _sparse_vectors(request: web.Request, model: ServedModel, inputs: Mode
         result.release()
     limits = [k for k in (top_k, model.spec.max_active_dims) if k is not None]
     if limits:
-        vectors = [_largest(entries, min(limits)) for entries in vectors]
+        vectors = [largest(entries, min(limits)) for entries in vectors]
     return result, vectors
-
-
-def _largest(entries: np.ndarray, k: int) -> np.ndarray:
-    """The `k` entries of largest value (any of equal ones at the cut), still by index."""
-    if len(entries) <= k:
-        return entries
-    cut = len(entries) - k
-    return entries[np.sort(np.argpartition(entries["value"], cut)[cut:])]
 
 
 async def _embed(request: web.Request, model: ServedModel, inputs: ModelInputs, dimensions: int | None,
@@ -251,10 +243,7 @@ async def _embed(request: web.Request, model: ServedModel, inputs: ModelInputs, 
         rows = np.stack(list(result.rows()))
     finally:
         result.release()
-    if dimensions is not None and dimensions < rows.shape[1]:
-        rows = rows[:, :dimensions]
-        rows = rows / np.maximum(np.linalg.norm(rows, axis=1, keepdims=True), 1e-12)
-    return result, rows
+    return result, shorten(rows, dimensions)
 
 
 ROUTES = [

@@ -11,7 +11,7 @@ from infinity.api.errors import APIError
 from infinity.api.inputs import output_types
 from infinity.api.types.common import (ApiVersion, BilledUnits, CohereMeta, ImagePart, ImageUrl, InputTokens, InputType,
                                        TextOrTokens, TextPart, Usage)
-from infinity.config import EmbeddingType
+from infinity.shared.vectors import EmbeddingType
 
 # A sparse model's answer per input: its largest this many values (then by index).
 TopK = Annotated[int, Meta(ge=1, description="A sparse model's largest this many values per input, "

@@ -1,5 +1,5 @@
 """Embedding output types (float, int8, uint8, binary, ubinary), plain and base64: the
-encodings of `infinity/api/quantize.py` against hand-computed values, then end to end on the
+encodings of `infinity/shared/vectors.py` against hand-computed values, then end to end on the
 OpenAI route (`embedding_type`, `embedding_types`), the Cohere v1/v2 embed routes through
 the official `cohere` clients, the server default, and the 422s of bad requests.
 
@@ -15,7 +15,7 @@ import base64
 import numpy as np
 import pytest
 
-from infinity.api.quantize import EMBEDDING_TYPES, encode, to_binary, to_int8, to_ubinary, to_uint8
+from infinity.shared.vectors import EMBEDDING_TYPES, encode, to_binary, to_int8, to_ubinary, to_uint8
 from tests.support.answers import assert_error, decode_embedding
 from tests.support.reference import DIM, MODEL_NAME, assert_close
 

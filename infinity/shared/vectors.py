@@ -1,5 +1,6 @@
-"""Output types of embeddings: the float32 rows a model produced, turned into the values
-of each embedding type a client may ask for, as JSON lists or base64 strings.
+"""What a client may ask of a model's float32 vectors, on every way out (the HTTP routes,
+the corpus job): fewer dimensions (re-normalised), another embedding type (quantised) as
+JSON lists or base64 strings, a sparse vector's largest entries.
 
 The exact encodings, for one row `x` of float32 values (already truncated to `dimensions`
 and re-normalised when a request asks for fewer dimensions):
@@ -30,13 +31,30 @@ from __future__ import annotations
 
 import base64
 from collections.abc import Callable
-from typing import get_args
+from typing import Literal, get_args
 
 import numpy as np
 
-from infinity.config import EmbeddingType
-
+EmbeddingType = Literal["float", "int8", "uint8", "binary", "ubinary"]
 EMBEDDING_TYPES: tuple[str, ...] = get_args(EmbeddingType)
+
+
+def shorten(rows: np.ndarray, dimensions: int | None) -> np.ndarray:
+    """(n, dim) float32 rows cut to their first `dimensions` values and re-normalised
+    (Matryoshka models); `rows` unchanged when `dimensions` is None or not fewer."""
+    if dimensions is None or dimensions >= rows.shape[1]:
+        return rows
+    rows = rows[:, :dimensions]
+    return rows / np.maximum(np.linalg.norm(rows, axis=1, keepdims=True), 1e-12)
+
+
+def largest(entries: np.ndarray, k: int) -> np.ndarray:
+    """A sparse vector's `k` entries of largest value (records of `index` and `value`;
+    any of equal ones at the cut), still by index."""
+    if len(entries) <= k:
+        return entries
+    cut = len(entries) - k
+    return entries[np.sort(np.argpartition(entries["value"], cut)[cut:])]
 
 
 def to_float(rows: np.ndarray) -> np.ndarray:
