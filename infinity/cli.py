@@ -1,6 +1,7 @@
 """`python -m infinity serve`: parse the command line, load the configuration, resolve the
 models, and run the server until SIGINT/SIGTERM. `python -m infinity replicas`: several
-servers behind nginx (infinity/replicas.py)."""
+servers behind nginx (infinity/replicas.py). `python -m infinity embed`: embed a corpus
+from files into Parquet (infinity/corpus)."""
 
 from __future__ import annotations
 
@@ -10,12 +11,16 @@ import logging
 import resource
 import signal
 import sys
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 
 from infinity.config import Config, ConfigError, ServerConfig, load_config
 from infinity.api.connections import ConnectionGuard, ConnectionLimits, GuardedSite
 from infinity.shared.protocol import ModelSpec
+
+if TYPE_CHECKING:
+    from infinity.corpus.job import JobOptions
 
 _SERVER_FLAGS = {
     # flag: (server key, type, help)
@@ -60,7 +65,41 @@ def build_parser() -> argparse.ArgumentParser:
     for flag, (_, kind, text) in _SERVER_FLAGS.items():
         serve.add_argument(flag, type=kind, help=text)
     _add_replicas_command(commands)
+    _add_embed_command(commands)
     return parser
+
+
+def _add_embed_command(commands: argparse._SubParsersAction) -> None:
+    embed = commands.add_parser(
+        "embed",
+        help="embed a corpus: Parquet or JSONL files in, Parquet parts out, resumable",
+        description=(
+            "Embed every row of INPUT (a Parquet or JSONL file, plain, .gz or .zst; a folder or a glob "
+            "of them) into OUTPUT, a folder of Parquet parts written as the job goes, with a manifest "
+            "and errors.parquet (the rows that failed, and why). Run the same command again to resume. "
+            "Defaults come from the --config file's [embed] table."
+        ),
+    )
+    embed.add_argument("input", help="a file, a folder, or a glob of Parquet/JSONL files")
+    embed.add_argument("output", help="the output folder (created; resumed if it holds this job)")
+    embed.add_argument("--config", help="models.toml: [server], [[models]], [media] and [embed]")
+    embed.add_argument("--model", help="a model of the config by name, or a model folder or hub id "
+                                       "(default: the config's one model, or the packaged all-MiniLM-L6-v2)")
+    embed.add_argument("--text-column", help="the column of texts (default text)")
+    embed.add_argument("--id-column", help="the column of row ids (default id; without it, rows are named "
+                                           "by their file and row number)")
+    embed.add_argument("--image-column", help="embed images from this column: paths, URLs or bytes")
+    embed.add_argument("--audio-column", help="embed audio clips from this column: paths, URLs or bytes")
+    embed.add_argument("--embedding-type", help="float (default), float16, int8, uint8, binary, ubinary; "
+                                                "sparse for sparse models")
+    embed.add_argument("--dimensions", type=int, help="keep the first N dimensions, re-normalised")
+    embed.add_argument("--shard", default="0/1", help="K/N: embed only the K-th of N shares of the input "
+                                                      "(N processes write one OUTPUT together)")
+    embed.add_argument("--rows-per-part", type=int, help="rows of one output part (default 4096)")
+    embed.add_argument("--batch-size", type=int, help="inputs per batch sent to the model (default 32)")
+    embed.add_argument("--tokenizer-workers", type=int, help="tokenizer processes (default: from the core count)")
+    embed.add_argument("--log-level", default="warning", help="the children's and the job's (default warning)")
+    embed.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
 def _add_replicas_command(commands: argparse._SubParsersAction) -> None:
@@ -92,6 +131,8 @@ def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     if args.command == "replicas":
         sys.exit(_replicas(args))
+    if args.command == "embed":
+        sys.exit(_embed(args))
     overrides = {key: getattr(args, flag[2:].replace("-", "_")) for flag, (key, _, _) in _SERVER_FLAGS.items()}
     try:
         config = load_config(args.config, server_overrides=overrides, model_source=args.model,
@@ -108,6 +149,60 @@ def main(argv: list[str] | None = None) -> None:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)
     sys.exit(_serve(config, specs))
+
+
+def _embed(args: argparse.Namespace) -> int:
+    from infinity.corpus import job
+    from infinity.corpus.parts import OutputError
+    from infinity.corpus.plan import PlanError
+    from infinity.folders.resolve import resolve_replicas
+    from infinity.shared import shm
+    from infinity.shared.devices import cpu_computes_bfloat16
+
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s [embed] %(message)s")
+    overrides = {"log_level": args.log_level, "tokenizer_workers": args.tokenizer_workers}
+    try:
+        config = load_config(args.config, server_overrides=overrides)
+        named = {model.name: model for model in config.models}
+        if args.model is not None and args.model not in named:
+            config = load_config(args.config, server_overrides=overrides, model_source=args.model)
+        elif args.model is None and len(config.models) > 1:
+            raise ConfigError(f"{args.config} serves several models ({', '.join(named)}): name one with --model")
+        model = named[args.model] if args.model in named else config.models[0]
+        options = _embed_options(args, config)
+        cpu_bfloat16 = config.server.auto_bfloat16 and cpu_computes_bfloat16()
+        specs = resolve_replicas(model, cpu_bfloat16)
+        shm.remove_stale()
+        summary = job.run(options, config, specs)
+    except (ConfigError, PlanError, OutputError, job.JobError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(summary, file=sys.stderr)
+    return 0
+
+
+def _embed_options(args: argparse.Namespace, config: Config) -> JobOptions:
+    """The job's options: the flags over the config's [embed] table."""
+    from infinity.corpus.job import JobOptions
+    from infinity.corpus.plan import Shard
+    from infinity.corpus.sources import Columns
+
+    table = config.embed
+    image = args.image_column or (None if args.audio_column else table.image_column)
+    audio = args.audio_column or (None if args.image_column else table.audio_column)
+    if image and audio:
+        raise ConfigError("give --image-column or --audio-column, not both")
+    medium, column = ("image", image) if image else ("audio", audio) if audio else ("text", None)
+    column = column or args.text_column or table.text_column
+    columns = Columns(column, medium, args.id_column or table.id_column)
+    for flag in ("rows_per_part", "batch_size", "dimensions"):
+        value = getattr(args, flag)
+        if value is not None and value < 1:
+            raise ConfigError(f"--{flag.replace('_', '-')} must be positive")
+    return JobOptions(
+        args.input, args.output, columns, args.embedding_type or table.embedding_type,
+        args.dimensions or table.dimensions, args.rows_per_part or table.rows_per_part,
+        args.batch_size or table.batch_size, shard=Shard.parse(args.shard), quiet=args.quiet)
 
 
 def _replicas(args: argparse.Namespace) -> int:

@@ -162,12 +162,35 @@ class MediaConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
         return self.max_audio_bytes if medium == "audio" else self.max_image_bytes
 
 
+class EmbedConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    """The `[embed]` table: defaults of the corpus job, `python -m infinity embed` (its
+    flags of the same names win)."""
+
+    text_column: str = "text"
+    id_column: str = "id"  # without such a column, rows are named by their file and row number
+    image_column: str | None = None  # read images (paths, URLs or bytes) from this column instead
+    audio_column: str | None = None  # likewise audio clips
+    embedding_type: Literal["float", "float16", "int8", "uint8", "binary", "ubinary", "sparse"] | None = None
+    dimensions: int | None = None
+    rows_per_part: int = 4096  # rows of one output part: what a killed job may have to redo
+    batch_size: int = 32  # inputs per request to the model
+
+    def __post_init__(self) -> None:
+        if self.image_column is not None and self.audio_column is not None:
+            raise ConfigError("embed: give image_column or audio_column, not both")
+        if self.rows_per_part < 1 or self.batch_size < 1:
+            raise ConfigError("embed.rows_per_part and embed.batch_size must be positive")
+        if self.dimensions is not None and self.dimensions < 1:
+            raise ConfigError("embed.dimensions must be positive")
+
+
 class Config(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     """The whole configuration of one server."""
 
     server: ServerConfig = msgspec.field(default_factory=ServerConfig)
     models: list[ModelConfig] = msgspec.field(default_factory=list)
     media: MediaConfig = msgspec.field(default_factory=MediaConfig)
+    embed: EmbedConfig = msgspec.field(default_factory=EmbedConfig)
 
 
 # Every server key may be set from the environment as INFINITY_<KEY>.

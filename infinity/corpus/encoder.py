@@ -1,0 +1,134 @@
+"""A model on its own children (tokenizer processes, an inference process per device),
+for code that is not a server: the corpus job, Ray Data's actors. Inputs go in as a batch;
+a batch the model refuses is tried again row by row, so that a bad row (too long with
+truncation off, an image that does not decode, one that stops the inference process)
+fails alone and the others are embedded."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from infinity.api.media_fetch import MediaFetcher
+from infinity.client.engine_client import EngineClient, ModelInputs, ServingError
+from infinity.client.topology import ServedModel
+from infinity.config import Config
+from infinity.shared.protocol import ErrorKind, ModelInfo, ModelSpec
+
+# Kinds that say nothing of the inputs: wait for the model and try again.
+_TRANSIENT = {ErrorKind.OVERLOADED, ErrorKind.MODEL_NOT_READY, ErrorKind.NOT_READY}
+_READY_TIMEOUT_S = 600.0
+_TRANSIENT_TRIES = 20
+
+
+@dataclass
+class Encoded:
+    """Per input, in order: its output (a vector, a matrix, sparse entries; None if it
+    failed), what it cost (tokens), whether it was cut to the model's maximum length; and
+    the failed ones' (error kind, message) by position."""
+
+    outputs: list[np.ndarray | None] = field(default_factory=list)
+    costs: list[int] = field(default_factory=list)
+    cut: list[bool] = field(default_factory=list)
+    failed: dict[int, tuple[str, str]] = field(default_factory=dict)
+
+
+class Encoder:
+    """One model of `config` (`specs`: its replicas) served by children of this process."""
+
+    def __init__(self, config: Config, specs: list[ModelSpec]) -> None:
+        self._config = config
+        self._client = EngineClient(config.server, specs, media=config.media)
+        self._fetcher = MediaFetcher(config.media)
+        self.model: ServedModel = self._client.models[specs[0].name]
+
+    async def start(self) -> None:
+        await self._client.start()
+
+    async def stop(self) -> None:
+        await self._fetcher.close()
+        await self._client.stop()
+
+    @property
+    def info(self) -> ModelInfo:
+        assert self.model.info is not None, "start() first"
+        return self.model.info
+
+    async def encode(self, inputs: list[str | bytes], medium: str = "text") -> Encoded:
+        """The outputs of `inputs`: texts, or for `medium` "image"/"audio" the bytes of each
+        (or an http(s) URL or data: URI)."""
+        encoded = Encoded([None] * len(inputs), [0] * len(inputs), [False] * len(inputs))
+        if medium != "text":
+            inputs = await self._fetched(inputs, encoded)
+        positions = [i for i in range(len(inputs)) if i not in encoded.failed]
+        await self._encode_into(encoded, positions, [inputs[i] for i in positions], medium)
+        return encoded
+
+    async def _fetched(self, inputs: list[str | bytes], encoded: Encoded) -> list[str | bytes]:
+        """Media inputs as bytes: URLs fetched (a failure fails that row), data: URIs as sent."""
+        fetched = list(inputs)
+        limit = self._config.media.max_bytes(self.model.kind.medium)
+        for i, item in enumerate(inputs):
+            if isinstance(item, str) and item.startswith("data:"):
+                fetched[i] = item.encode("ascii", "replace")
+            elif isinstance(item, str):
+                try:
+                    fetched[i] = await self._fetcher.fetch(item, item, limit)
+                except ServingError as exc:
+                    encoded.failed[i] = (exc.kind.value, exc.message)
+        return fetched
+
+    async def _encode_into(self, encoded: Encoded, positions: list[int], inputs: list[str | bytes],
+                           medium: str) -> None:
+        if not inputs:
+            return
+        try:
+            result = await self._run(inputs, medium, retry_crash=len(inputs) == 1)
+        except ServingError as exc:
+            if len(inputs) == 1:
+                encoded.failed[positions[0]] = (exc.kind.value, exc.message)
+                return
+            await asyncio.gather(*(self._encode_into(encoded, [p], [item], medium)
+                                   for p, item in zip(positions, inputs)))
+            return
+        outputs, costs, cut = result
+        for j, position in enumerate(positions):
+            encoded.outputs[position] = outputs[j]
+            encoded.costs[position] = costs[j]
+            encoded.cut[position] = j in cut
+
+    async def _run(self, inputs: list[str | bytes], medium: str,
+                   retry_crash: bool) -> tuple[list[np.ndarray], list[int], set[int]]:
+        """Run `inputs` once; the model not ready or full, wait and run again; an inference
+        process that died under them, once more if `retry_crash` (a lone input: was it the
+        input, or the process?)."""
+        model_inputs = ModelInputs(texts=inputs) if medium == "text" else ModelInputs(media=inputs)  # type: ignore[arg-type]
+        crashes = 0
+        for _ in range(_TRANSIENT_TRIES):
+            try:
+                result = await self._client.run(self.model, model_inputs)
+            except ServingError as exc:
+                if exc.kind in _TRANSIENT or (exc.kind == ErrorKind.WORKER_DIED and retry_crash and crashes == 0):
+                    crashes += exc.kind == ErrorKind.WORKER_DIED
+                    await self._ready()
+                    continue
+                raise
+            try:
+                outputs = [np.array(row) for row in result.rows()]
+            finally:
+                result.release()
+            return outputs, result.costs, set(result.cut)
+        raise ServingError(ErrorKind.NOT_READY, f"model '{self.model.spec.name}' stayed unavailable")
+
+    async def _ready(self) -> None:
+        """Wait until every replica of the model serves again."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + _READY_TIMEOUT_S
+        await asyncio.sleep(0.05)
+        while not (self.model.ready and self._client.ready):
+            if loop.time() > deadline:
+                raise ServingError(ErrorKind.NOT_READY, f"model '{self.model.spec.name}' did not come back "
+                                                        f"within {_READY_TIMEOUT_S:g} s")
+            await asyncio.sleep(0.1)
