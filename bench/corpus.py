@@ -1,0 +1,239 @@
+"""The corpus job's speed against what else could embed the same file, in one run.
+
+Over one Parquet file of `--rows` corpus texts (`workers.inference.corpus`, with ids),
+each in a process of its own, one after the other:
+
+- ceiling: the engine and dtype `embed` serves (read from its manifest), loaded in
+  process; batches of 32 in file order, tokenizing included, no file I/O; the better of
+  one batch at a time on all threads and a batch per lane at once (the engine's lanes);
+- embed: `python -m infinity embed FILE OUT --quiet`, from start to summary (its own
+  rows/s, which leave out the model's start, and the wall time);
+- server: `python -m infinity serve` and 8 clients each sending 32 texts of the file per
+  request over HTTP (aiohttp) until every row is embedded;
+- sentence-transformers: read the file, `encode(texts, batch_size=32)`, write Parquet
+  (what a user would otherwise write), float32 as it loads;
+- ray (`--ray`): `examples/ray_embed.py` on a local Ray with one actor.
+
+Rows/s and tokens/s (the model's tokens, from the job's output), and each against the
+ceiling and the server. Nothing else may run meanwhile (bench/results/method.md).
+
+Usage: .venv/bin/python -m bench.corpus [--rows 100000] [--model FOLDER] [--ray] [--skip st]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import glob
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+from workers.inference.corpus import sentences
+
+OUT = Path(__file__).parent / "out" / "corpus"
+BATCH = 32
+CLIENTS = 8
+
+
+def corpus_file(rows: int) -> Path:
+    """The benchmark's Parquet file of `rows` texts (written once)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = OUT / f"corpus-{rows}.parquet"
+    if not path.exists():
+        OUT.mkdir(parents=True, exist_ok=True)
+        texts = sentences(rows, 1)
+        pq.write_table(pa.table({"id": [f"doc-{i}" for i in range(rows)], "text": texts}), path)
+    return path
+
+
+def texts_of(path: Path) -> list[str]:
+    import pyarrow.parquet as pq
+
+    return pq.read_table(path, columns=["text"]).column("text").to_pylist()
+
+
+def ceiling(path: Path, model: str | None, engine: str, dtype: str, threads: int) -> dict:
+    """Rows/s of the engine in process over the file's texts, tokenizing included."""
+    from bench.engines import load_engine
+    from bench.replay import pad_batch
+
+    loaded, tokenizer = load_engine(f"{engine}:{dtype}", threads, model)
+    texts = texts_of(path)
+    batches = [texts[i:i + BATCH] for i in range(0, len(texts), BATCH)]
+
+    def run(batch: list[str], wide: bool = False) -> None:
+        ids = [np.array(e.ids) for e in tokenizer.encode_batch_fast(batch)]
+        loaded.forward(*pad_batch(ids), wide=wide)
+
+    for batch in batches[:8]:
+        run(batch)
+    figures = {}
+    if loaded.engine.lanes == 1 or loaded.engine.widens:
+        start = time.perf_counter()
+        for batch in batches:
+            run(batch, wide=loaded.engine.widens)
+        figures["all_threads"] = len(texts) / (time.perf_counter() - start)
+    if loaded.engine.lanes > 1:
+        with ThreadPoolExecutor(loaded.engine.lanes) as lanes:
+            start = time.perf_counter()
+            list(lanes.map(run, batches))
+            figures["lanes"] = len(texts) / (time.perf_counter() - start)
+    return {"rows_per_s": max(figures.values()), **figures}
+
+
+def embed(path: Path, model: str | None) -> dict:
+    out = OUT / "embed-out"
+    shutil.rmtree(out, ignore_errors=True)
+    command = [sys.executable, "-m", "infinity", "embed", str(path), str(out), "--quiet"]
+    if model:
+        command += ["--model", model]
+    start = time.perf_counter()
+    done = subprocess.run(command, capture_output=True, text=True, check=True)
+    wall = time.perf_counter() - start
+    summary = done.stderr.strip().splitlines()[-1]
+    rate = float(summary.split(" rows/s")[0].rsplit(" ", 1)[1])
+    manifest = json.loads((out / "manifest.json").read_text())
+    import pyarrow.parquet as pq
+
+    tokens = sum(pq.read_table(p, columns=["tokens"]).column("tokens").to_numpy().sum()
+                 for p in glob.glob(str(out / "part-*.parquet")))
+    rows = manifest["rows"]
+    return {"rows_per_s": rate, "wall_s": wall, "rows": rows, "tokens": int(tokens),
+            "engine": manifest["job"]["model"]["engine"], "dtype": manifest["job"]["model"]["dtype"],
+            "summary": summary}
+
+
+def server(path: Path, model: str | None) -> dict:
+    """Rows/s of our server fed the file by 8 clients of 32 texts per request."""
+    import aiohttp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    command = [sys.executable, "-m", "infinity", "serve", "--host", "127.0.0.1", "--port", str(port),
+               "--log-level", "warning"]
+    if model:
+        command += ["--model", model, "--served-name", "bench"]
+    process = subprocess.Popen(command, start_new_session=True)
+    texts = texts_of(path)
+    batches = [texts[i:i + BATCH] for i in range(0, len(texts), BATCH)]
+
+    async def feed() -> float:
+        url = f"http://127.0.0.1:{port}"
+        async with aiohttp.ClientSession() as session:
+            for _ in range(600):
+                try:
+                    async with session.get(f"{url}/health") as response:
+                        if response.status == 200:
+                            break
+                except aiohttp.ClientError:
+                    pass
+                await asyncio.sleep(0.5)
+            async with session.get(f"{url}/v1/models") as response:
+                name = (await response.json())["data"][0]["id"]
+            queue = iter(batches)
+            start = time.perf_counter()
+
+            async def client() -> None:
+                for batch in queue:
+                    async with session.post(f"{url}/v1/embeddings", json={"model": name, "input": batch}) as answer:
+                        assert answer.status == 200, await answer.text()
+                        await answer.read()
+
+            await asyncio.gather(*(client() for _ in range(CLIENTS)))
+            return time.perf_counter() - start
+
+    try:
+        seconds = asyncio.run(feed())
+    finally:
+        os.killpg(process.pid, signal.SIGTERM)
+        process.wait(60)
+    return {"rows_per_s": len(texts) / seconds}
+
+
+def sentence_transformers(path: Path, model: str | None) -> dict:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from sentence_transformers import SentenceTransformer
+
+    from infinity.folders.resolve import packaged_model_folder
+
+    loaded = SentenceTransformer(model or str(packaged_model_folder()), device="cpu")
+    start = time.perf_counter()
+    table = pq.read_table(path)
+    vectors = loaded.encode(table.column("text").to_pylist(), batch_size=BATCH, normalize_embeddings=True)
+    out = pa.table({"id": table.column("id"),
+                    "embedding": pa.FixedSizeListArray.from_arrays(pa.array(vectors.reshape(-1)), vectors.shape[1])})
+    pq.write_table(out, OUT / "st-out.parquet")
+    return {"rows_per_s": table.num_rows / (time.perf_counter() - start)}
+
+
+def ray(path: Path, model: str | None) -> dict:
+    out = OUT / "ray-out"
+    shutil.rmtree(out, ignore_errors=True)
+    command = [sys.executable, "examples/ray_embed.py", str(path), str(out), "--concurrency", "1"]
+    if model:
+        command += ["--model", model]
+    start = time.perf_counter()
+    subprocess.run(command, check=True, capture_output=True, text=True)
+    return {"rows_per_s": len(texts_of(path)) / (time.perf_counter() - start), "note": "wall time, Ray's start included"}
+
+
+def _child(name: str, *args: object) -> dict:
+    """Run contender `name` in a process of its own; its figures."""
+    done = subprocess.run([sys.executable, "-m", "bench.corpus", "--child", json.dumps([name, *args])],
+                          capture_output=True, text=True)
+    if done.returncode:
+        raise RuntimeError(f"{name} failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+CONTENDERS = {"ceiling": ceiling, "embed": embed, "server": server, "st": sentence_transformers, "ray": ray}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", type=int, default=100_000)
+    parser.add_argument("--model", help="a model folder (default: the packaged all-MiniLM-L6-v2)")
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="the ceiling's threads")
+    parser.add_argument("--ray", action="store_true", help="also Ray Data with one actor")
+    parser.add_argument("--skip", action="append", default=[], choices=sorted(CONTENDERS))
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        name, *rest = json.loads(args.child)
+        rest[0] = Path(rest[0])
+        print(json.dumps(CONTENDERS[name](*rest)))
+        return
+    path = corpus_file(args.rows)
+    figures = {"embed": _child("embed", str(path), args.model)}
+    engine, dtype = figures["embed"]["engine"], figures["embed"]["dtype"]
+    print(f"embed: {figures['embed']['summary']}", flush=True)
+    wanted = [n for n in ("ceiling", "server", "st") if n not in args.skip] + (["ray"] if args.ray else [])
+    for name in wanted:
+        extra = (engine, dtype, args.threads) if name == "ceiling" else ()
+        figures[name] = _child(name, str(path), args.model, *extra)
+        print(f"{name}: {figures[name]}", flush=True)
+    tokens = figures["embed"]["tokens"] / figures["embed"]["rows"]
+    print(f"\n{args.rows} rows, {tokens:.1f} tokens per row, embed on {engine} {dtype}\n")
+    print("| contender | rows/s | tokens/s | embed against it |\n| --- | ---: | ---: | ---: |")
+    for name, figure in figures.items():
+        rate = figure["rows_per_s"]
+        print(f"| {name} | {rate:.1f} | {rate * tokens:.0f} | {figures['embed']['rows_per_s'] / rate:.2f} |")
+    (OUT / f"results-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}.json").write_text(json.dumps(figures, indent=1))
+
+
+if __name__ == "__main__":
+    main()
