@@ -165,6 +165,7 @@ class _PartWriter:
                  embedding_type: str, dimensions: int | None) -> None:
         self._files, self._fields, self._kind = files, fields, kind
         self._type, self._dimensions = embedding_type, dimensions
+        self._empty = np.zeros((0, info.dim), np.float32)  # what a unit of no embedded rows converts
         if dimensions is not None and not 0 < dimensions <= info.dim:
             raise JobError(f"--dimensions must be between 1 and {info.dim} for this model")
 
@@ -188,8 +189,8 @@ class _PartWriter:
             return sparse_column(outputs)
         convert = _converter(self._type)
         if self._kind.late_interaction:
-            return matrix_column([convert(matrix) for matrix in outputs])
-        rows = np.stack(outputs) if outputs else np.zeros((0, 0), np.float32)
+            return matrix_column([convert(matrix) for matrix in outputs], convert(self._empty))
+        rows = np.stack(outputs) if outputs else self._empty
         return dense_column(convert(shorten(rows, self._dimensions)))
 
 

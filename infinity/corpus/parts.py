@@ -201,11 +201,12 @@ def dense_column(rows: np.ndarray) -> pa.Array:
     return pa.FixedSizeListArray.from_arrays(pa.array(np.ascontiguousarray(rows).reshape(-1)), width)
 
 
-def matrix_column(matrices: list[np.ndarray]) -> pa.Array:
-    """Per row a (tokens, width) matrix, as `list<fixed_size_list<type>[width]>`."""
+def matrix_column(matrices: list[np.ndarray], empty: np.ndarray) -> pa.Array:
+    """Per row a (tokens, width) matrix, as `list<fixed_size_list<type>[width]>`; `empty`:
+    a (0, width) array of the type, what no rows give."""
     lengths = np.fromiter((len(m) for m in matrices), dtype=np.int32, count=len(matrices))
     offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
-    stacked = np.concatenate(matrices) if matrices else np.zeros((0, 0), np.float32)
+    stacked = np.concatenate(matrices) if matrices else empty
     return pa.ListArray.from_arrays(pa.array(offsets), dense_column(stacked))
 
 
