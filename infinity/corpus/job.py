@@ -150,12 +150,14 @@ def folder_digest(path: str) -> str:
 
 
 def _id_type(files: list[InputFile], columns: Columns, with_ids: bool) -> pa.DataType | None:
-    """The id column's type: the first Parquet file's (JSONL ids are strings)."""
-    if not with_ids or files[0].format != "parquet":
+    """The id column's type: the Parquet files' where they all agree, else (JSONL ids
+    among them, or types that differ) None: strings."""
+    if not with_ids or any(file.format != "parquet" for file in files):
         return None
     import pyarrow.parquet as pq
 
-    return pq.ParquetFile(files[0].path).schema_arrow.field(columns.id).type
+    types = {pq.ParquetFile(file.path).schema_arrow.field(columns.id).type for file in files}
+    return types.pop() if len(types) == 1 else None
 
 
 class _PartWriter:

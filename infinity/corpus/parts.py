@@ -16,7 +16,9 @@ from __future__ import annotations
 import contextlib
 import glob
 import os
+import re
 import socket
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -71,6 +73,7 @@ class Output:
         (self.folder / "errors").mkdir(exist_ok=True)
         # Temporary names are this process's own: shards on other machines share the folder.
         self._stamp = f"{socket.gethostname()}-{os.getpid()}"
+        self._refreshing = threading.Lock()  # units finishing at once refresh one after the other
 
     def check(self, identity: JobIdentity) -> None:
         """Refuse if the folder holds a job other than `identity` (of whose model only the
@@ -103,11 +106,18 @@ class Output:
 
     def clear_leftovers(self, units: list[Unit]) -> None:
         """Remove what a killed run left of `units` (temporary files, errors of an
-        unfinished part): they are this process's to write now."""
+        unfinished part): they are this process's to write now. And any temporary file
+        (the manifest's, errors.parquet's) of a process of this machine that has ended."""
         for unit in units:
             name = part_name(unit.index)
             for leftover in (*glob.glob(str(self.folder / f".{name}.*.tmp")),
                              *glob.glob(str(self.folder / "errors" / f".{name}.*.tmp"))):
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(leftover)
+        host = socket.gethostname()
+        for leftover in (*self.folder.glob(".*.tmp"), *(self.folder / "errors").glob(".*.tmp")):
+            found = re.fullmatch(rf"\..+\.{re.escape(host)}-(\d+)\.tmp", leftover.name)
+            if found and not _alive(int(found[1])):
                 with contextlib.suppress(FileNotFoundError):
                     os.remove(leftover)
 
@@ -121,6 +131,10 @@ class Output:
         """Record the finished parts in the manifest; once every unit is done, gather the
         errors into `errors.parquet` and mark the job complete (any process may: the
         result is the same)."""
+        with self._refreshing:
+            return self._refresh()
+
+    def _refresh(self) -> Manifest:
         done = self.done()
         units = self._identity.units
         complete = all(unit.index in done for unit in units)
@@ -143,6 +157,16 @@ class Output:
         with open(temporary, "rb") as f:
             os.fsync(f.fileno())
         os.replace(temporary, path)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _differences(found: JobIdentity, wanted: JobIdentity) -> list[str]:
@@ -172,6 +196,8 @@ def id_columns(fields: list[pa.Field], file: InputFile, ids: list[Any], numbers:
     """The id columns' values for rows `numbers` of `file` with `ids`."""
     if fields[0].name == "file" and len(fields) == 2:
         return [pa.array([file.name] * len(numbers), pa.string()), pa.array(numbers, pa.int64())]
+    if pa.types.is_string(fields[0].type):  # ids of several types (JSONL's and Parquet's): as text
+        ids = [i if i is None or isinstance(i, str) else msgspec.json.encode(i).decode() for i in ids]
     return [pa.array(ids, fields[0].type)]
 
 

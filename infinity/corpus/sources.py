@@ -64,14 +64,30 @@ class Rows:
 
 def check_columns(file: InputFile, columns: Columns) -> bool:
     """Whether `file` has the id column (a Parquet file without the input column is an
-    error; a JSONL file's rows say for themselves)."""
+    error; a JSONL file has it if its first record does: the others say for themselves)."""
+    if columns.id is None:
+        return False
     if file.format != "parquet":
-        return columns.id is not None
+        return _first_record_has(file, columns.id)
     names = pq.ParquetFile(file.path).schema_arrow.names
     if columns.input not in names:
         raise PlanError(f"{file.name} has no column '{columns.input}' (its columns: {', '.join(names)}); "
                         f"name the input column with --{columns.medium}-column")
-    return columns.id is not None and columns.id in names
+    return columns.id in names
+
+
+def _first_record_has(file: InputFile, key: str) -> bool:
+    """Whether the first line of a JSONL file that is not blank is an object with `key`
+    (one that is not JSON, or not an object, says nothing against it)."""
+    with io.BufferedReader(pa.input_stream(file.path, compression=file.compression)) as stream:
+        for line in stream:
+            if line.strip():
+                try:
+                    record = msgspec.json.decode(line)
+                except msgspec.DecodeError:
+                    return True
+                return not isinstance(record, dict) or key in record
+    return True
 
 
 def read_unit(file: InputFile, unit: Unit, columns: Columns, with_ids: bool) -> Rows:
