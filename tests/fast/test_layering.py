@@ -1,7 +1,8 @@
 """The import rule of the tree, room by room (infinity/shared/__init__.py): the shared
 contracts import nothing else of ours; the workers only the contracts; the front end no
 worker module but the inline tokenizer; the engine client no HTTP; the folder readers
-neither HTTP nor the engine client. Bench (its modules and the Python inside its shell
+neither HTTP nor the engine client; the corpus job no HTTP server (of the API only the
+media fetcher, and the request and response types that OpenAI batch files share). Bench (its modules and the Python inside its shell
 scripts) uses only public names of the product that exist, and no test fixtures."""
 
 import ast
@@ -62,6 +63,16 @@ def test_the_engine_client_knows_no_http(path):
 @pytest.mark.parametrize("path", _modules("infinity/folders"), ids=_name)
 def test_the_folder_readers_know_neither_http_nor_the_engine_client(path):
     assert {name for name in _our_imports(path) if name.startswith(("infinity.api", "infinity.client"))} == set()
+
+
+# What the corpus job may use of the API: nothing that serves HTTP.
+_CORPUS_API = ("infinity.api.media_fetch", "infinity.api.types", "infinity.api.inputs", "infinity.api.errors")
+
+
+@pytest.mark.parametrize("path", _modules("infinity/corpus"), ids=_name)
+def test_the_corpus_job_serves_no_http(path):
+    api = {name for name in _our_imports(path) if name.startswith("infinity.api")}
+    assert {name for name in api if not name.startswith(_CORPUS_API)} == set()
 
 
 def _defined(module: str) -> set[str] | None:
