@@ -281,3 +281,25 @@ def test_image_is_pinned() -> None:
     name = image.rsplit("/", 1)[-1]
     assert ":" in name, f"{image!r} has no tag (that is :latest)"
     assert name.rsplit(":", 1)[1] not in ("", "latest")
+
+
+def test_the_embed_job_runs_one_shard_per_index_on_the_server_image() -> None:
+    """optional/embed-indexed-job.yaml: an Indexed Job whose pod k runs `embed --shard k/N`
+    with N its completions and parallelism, input and output on one shared claim."""
+    (job,) = [doc for name, doc in OBJECTS if doc["kind"] == "Job"]
+    spec = job["spec"]
+    assert spec["completionMode"] == "Indexed"
+    (container,) = spec["template"]["spec"]["containers"]
+    assert container["command"] == ["python", "-m", "infinity", "embed"]
+    args = container["args"]
+    assert args[:2] == ["/data/input", "/data/output"] and "--quiet" in args
+    index, count = args[args.index("--shard") + 1].split("/")
+    assert index == "$(JOB_COMPLETION_INDEX)"  # expanded by Kubernetes from the Indexed Job's env
+    assert int(count) == spec["completions"] == spec["parallelism"]
+    assert container["image"] == _container()["image"]
+    mount = next(m for m in container["volumeMounts"] if m["mountPath"] == "/data")
+    assert not mount.get("readOnly")
+    volume = next(v for v in spec["template"]["spec"]["volumes"] if v["name"] == mount["name"])
+    claim = next(doc for _, doc in OBJECTS if doc["kind"] == "PersistentVolumeClaim")
+    assert volume["persistentVolumeClaim"]["claimName"] == claim["metadata"]["name"]
+    assert "ReadWriteMany" in claim["spec"]["accessModes"]  # every pod writes the one OUTPUT
