@@ -77,11 +77,15 @@ def _add_embed_command(commands: argparse._SubParsersAction) -> None:
             "Embed every row of INPUT (a Parquet or JSONL file, plain, .gz or .zst; a folder or a glob "
             "of them) into OUTPUT, a folder of Parquet parts written as the job goes, with a manifest "
             "and errors.parquet (the rows that failed, and why). Run the same command again to resume. "
-            "Defaults come from the --config file's [embed] table."
+            "Defaults come from the --config file's [embed] table. An OpenAI batch input file (a .jsonl file "
+            "of /v1/embeddings requests, each with custom_id and body) is answered instead with an OpenAI "
+            "batch output file at OUTPUT, each body as the server's /v1/embeddings answers it."
         ),
     )
-    embed.add_argument("input", help="a file, a folder, or a glob of Parquet/JSONL files")
-    embed.add_argument("output", help="the output folder (created; resumed if it holds this job)")
+    embed.add_argument("input", help="a file, a folder, or a glob of Parquet/JSONL files; or an OpenAI batch "
+                                     "input file (.jsonl)")
+    embed.add_argument("output", help="the output folder (created; resumed if it holds this job); for a batch "
+                                      "file, the batch output file")
     embed.add_argument("--config", help="models.toml: [server], [[models]], [media] and [embed]")
     embed.add_argument("--model", help="a model of the config by name, or a model folder or hub id "
                                        "(default: the config's one model, or the packaged all-MiniLM-L6-v2)")
@@ -152,7 +156,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _embed(args: argparse.Namespace) -> int:
-    from infinity.corpus import job
+    from infinity.corpus import batch_file, job
     from infinity.corpus.parts import OutputError
     from infinity.corpus.plan import PlanError
     from infinity.folders.resolve import resolve_replicas
@@ -173,8 +177,9 @@ def _embed(args: argparse.Namespace) -> int:
         cpu_bfloat16 = config.server.auto_bfloat16 and cpu_computes_bfloat16()
         specs = resolve_replicas(model, cpu_bfloat16)
         shm.remove_stale()
-        summary = job.run(options, config, specs)
-    except (ConfigError, PlanError, OutputError, job.JobError) as exc:
+        summary = (batch_file.run(args.input, args.output, config, specs, args.quiet)
+                   if batch_file.is_batch_file(args.input) else job.run(options, config, specs))
+    except (ConfigError, PlanError, OutputError, job.JobError, batch_file.BatchFileError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(summary, file=sys.stderr)

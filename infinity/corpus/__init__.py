@@ -12,4 +12,6 @@ no HTTP between.
   retried row by row so that a bad row fails alone.
 - `job`: the run: units read ahead, batches in flight, parts written as they finish,
   progress and the closing summary.
+- `batch_file`: an OpenAI batch input file of `/v1/embeddings` requests answered into a
+  batch output file, each body as the server's route answers it.
 """
