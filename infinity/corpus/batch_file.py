@@ -1,8 +1,8 @@
 """OpenAI batch files for the corpus job: `python -m infinity embed batch.jsonl out.jsonl`
 where each line of the input is a batch request (`custom_id`, `method`, `url`, `body`)
 for `/v1/embeddings`. Owns telling such a file from a corpus, reading its lines, answering
-each body as the server's `/v1/embeddings` route does (the API's own request, response
-and error types, the same checks and encoders), and writing OpenAI's batch output file:
+each body as the server's `/v1/embeddings` route does (`infinity.api.embedding`, the
+route's own decoding and error bodies), and writing OpenAI's batch output file:
 one line per input line, in input order, written to a temporary file and renamed at the
 end.
 
@@ -25,20 +25,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import msgspec
-import numpy as np
 from tqdm import tqdm
 
+from infinity.api.decode import decode_body
+from infinity.api.embedding import Embedder
 from infinity.api.errors import APIError, error_body, from_kind
-from infinity.api.inputs import text_or_token_inputs
-from infinity.api.media_fetch import MediaFetcher, media_bytes
-from infinity.api.types.common import Usage
-from infinity.api.types.embeddings import EmbeddingData, EmbeddingRequest, EmbeddingResponse, SparseEmbedding
-from infinity.client.engine_client import EngineClient, ModelInputs, Result, ServingError
+from infinity.api.media_fetch import MediaFetcher
+from infinity.api.types.embeddings import EmbeddingRequest, EmbeddingResponse
+from infinity.client.engine_client import EngineClient, ServingError
 from infinity.client.topology import ServedModel
 from infinity.config import Config
 from infinity.shared.kinds import KINDS
 from infinity.shared.protocol import ErrorKind, ModelSpec
-from infinity.shared.vectors import encode, encode_matrix, largest, shorten
 
 log = logging.getLogger(__name__)
 
@@ -131,17 +129,22 @@ def _decoded(raw: msgspec.Raw | None) -> object:
 
 
 class Answerer:
-    """Answers batch bodies on one served model as `/v1/embeddings` would."""
+    """Answers batch bodies on one served model as `/v1/embeddings` does (`Embedder`)."""
 
     def __init__(self, client: EngineClient, model: ServedModel, config: Config, fetcher: MediaFetcher) -> None:
-        self._client, self._model, self._config, self._fetcher = client, model, config, fetcher
         server = config.server
-        self._max_items = min(server.max_items_per_request, server.max_queued_items)
+        self._model = model
+        self._embedder = Embedder(client, fetcher, config, min(server.max_items_per_request, server.max_queued_items))
 
     async def answer(self, body: msgspec.Raw) -> tuple[int, bytes]:
         """The status and JSON body the route gives for `body`."""
         try:
-            response = await self._embeddings(_request(body))
+            request = decode_body(bytes(body), EmbeddingRequest)
+            name = self._model.spec.name
+            if request.model is not None and request.model != name:
+                raise APIError(404, f"model '{request.model}' is not served here; served models: {name}",
+                               param="model", code="model_not_found")
+            response = await self._answered(request)
         except APIError as exc:
             return exc.status, error_body(exc)
         except ServingError as exc:
@@ -152,120 +155,21 @@ class Answerer:
             return 500, error_body(APIError(500, "internal server error"))
         return 200, msgspec.json.encode(response)
 
-    async def _embeddings(self, body: EmbeddingRequest) -> EmbeddingResponse:
-        model, name = self._model, self._model.spec.name
-        if body.model is not None and body.model != name:
-            raise APIError(404, f"model '{body.model}' is not served here; served models: {name}",
-                           param="model", code="model_not_found")
-        if body.messages is not None:
-            # vLLM's form is the server's extension; OpenAI batch files carry `input`.
-            raise APIError(422, "batch files take input, not messages", param="messages")
-        if body.input is None:
-            raise APIError(422, "input is required (or vLLM's messages)", param="input")
-        if body.modality == "text":
-            inputs = text_or_token_inputs(body.input, self._max_items)
-        elif body.modality == model.kind.medium:
-            inputs = ModelInputs(media=await media_bytes(self._fetcher, body.input,
-                                                         self._config.media.max_bytes(body.modality),
-                                                         self._max_items))
-        else:
-            raise APIError(422, f"model '{name}' does not embed {body.modality} inputs (it is of kind "
-                                f"'{model.spec.kind}')", param="modality")
-        if model.kind.sparse:
-            return await self._sparse(inputs, body)
-        if body.top_k is not None:
-            raise APIError(422, f"top_k applies to sparse models; '{name}' is of kind '{model.spec.kind}'",
-                           param="top_k")
-        types = body.output_types(self._config.server.embedding_type)
-        as_base64 = body.encoding_format == "base64"
-        if model.kind.late_interaction:
-            if body.dimensions:
-                raise APIError(422, f"dimensions does not apply to the multi-vector model '{name}' (it would "
-                                    "cut every token's vector); leave it out", param="dimensions")
-            result, matrices = await self._run(msgspec.structs.replace(inputs, task=body.task))
-            data = [EmbeddingData(index=i, shape=list(matrix.shape),
-                                  **_by_type({t: encode_matrix(matrix, t, as_base64) for t in types}, body))
-                    for i, matrix in enumerate(matrices)]
-            return EmbeddingResponse(data=data, model=name, usage=_usage(result))
-        dim = model.info.dim if model.info else None
-        dimensions = body.dimensions or None  # 0 asks for every dimension, as on the server
-        if dimensions is not None and dim is not None and not 0 < dimensions <= dim:
-            raise APIError(422, f"dimensions must be between 1 and {dim} for model '{name}'", param="dimensions")
-        result, vectors = await self._run(inputs)
-        rows = shorten(np.stack(vectors), dimensions)
-        encoded = {t: encode(rows, t, as_base64) for t in types}
-        data = [EmbeddingData(index=i, **_by_type({t: encoded[t][i] for t in types}, body))
-                for i in range(len(rows))]
-        return EmbeddingResponse(data=data, model=name, usage=_usage(result))
-
-    async def _sparse(self, inputs: ModelInputs, body: EmbeddingRequest) -> EmbeddingResponse:
-        name = self._model.spec.name
-        if body.dimensions:
-            raise APIError(422, f"dimensions does not apply to the sparse model '{name}' (its dimensions are "
-                                "vocabulary entries); use top_k to keep its largest values", param="dimensions")
-        if body.encoding_format == "base64":
-            raise APIError(422, f"the sparse model '{name}' answers its indices and values as JSON numbers, not "
-                                "base64: send encoding_format \"float\" (the openai client sends base64 unless told)",
-                           param="encoding_format")
-        types = body.output_types("float")
-        if types != ["float"]:
-            raise APIError(422, f"the sparse model '{name}' answers float values only, not "
-                                f"{', '.join(t for t in types if t != 'float')}",
-                           param="embedding_types" if body.embedding_types is not None else "embedding_type")
-        result, vectors = await self._run(inputs)
-        limits = [k for k in (body.top_k, self._model.spec.max_active_dims) if k is not None]
-        if limits:
-            vectors = [largest(entries, min(limits)) for entries in vectors]
-        data = [EmbeddingData(index=i, **_by_type({"float": SparseEmbedding(indices=entries["index"].tolist(),
-                                                                           values=entries["value"].tolist())}, body))
-                for i, entries in enumerate(vectors)]
-        return EmbeddingResponse(data=data, model=name, usage=_usage(result))
-
-    async def _run(self, inputs: ModelInputs) -> tuple[Result, list[np.ndarray]]:
-        """Run `inputs`; the model full or not ready, wait and run again: the load is the
-        job's own, not the request's fault. An inference process that died under them, once
-        more: was it the request, or another one of the batch running with it?"""
-        crashed = False
-        for attempt in range(_TRANSIENT_TRIES):
+    async def _answered(self, request: EmbeddingRequest) -> EmbeddingResponse:
+        """The route's answer; the model full or not ready, wait and answer again: the load
+        is the job's own, not the request's fault. An inference process that died under it,
+        once more: was it the request, or another one of the batch running with it?"""
+        crashed, attempt = False, 0
+        while True:
             try:
-                result = await self._client.run(self._model, inputs)
-                break
+                return await self._embedder.embeddings(self._model, request)
             except ServingError as exc:
                 retry = exc.kind in _TRANSIENT or (exc.kind == ErrorKind.WORKER_DIED and not crashed)
                 if not retry or attempt == _TRANSIENT_TRIES - 1:
                     raise
                 crashed |= exc.kind == ErrorKind.WORKER_DIED
                 await asyncio.sleep(min(0.05 * 2 ** attempt, 1.0))
-        try:
-            return result, [np.array(row) for row in result.rows()]  # copies: the arena's slots are released
-        finally:
-            result.release()
-
-
-def _request(body: msgspec.Raw) -> EmbeddingRequest:
-    """`body` decoded as the route decodes a request body."""
-    try:
-        return msgspec.json.decode(body, type=EmbeddingRequest)
-    except msgspec.ValidationError as exc:
-        raise APIError(422, str(exc), param=_param_of(str(exc))) from None
-
-
-def _param_of(message: str) -> str | None:
-    """The field a validation message names: `... - at `$.model`` or `missing required field `input``."""
-    _, sep, path = message.rpartition(" - at `$.")
-    if sep:
-        return path.rstrip("`").split("[")[0].split(".")[0]
-    _, sep, field = message.rpartition("missing required field `")
-    return field.rstrip("`") or None if sep else None
-
-
-def _by_type(encoded: dict, body: EmbeddingRequest) -> dict:
-    """An item's `embedding` (one type asked) or `embeddings` (with `embedding_types`)."""
-    return {"embedding": next(iter(encoded.values()))} if body.embedding_types is None else {"embeddings": encoded}
-
-
-def _usage(result: Result) -> Usage:
-    return Usage(result.prompt_tokens, result.prompt_tokens, result.truncated)
+                attempt += 1
 
 
 def check_model(spec: ModelSpec) -> None:

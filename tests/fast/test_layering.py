@@ -2,7 +2,7 @@
 contracts import nothing else of ours; the workers only the contracts; the front end no
 worker module but the inline tokenizer; the engine client no HTTP; the folder readers
 neither HTTP nor the engine client; the corpus job no HTTP server (of the API only the
-media fetcher, and the request and response types that OpenAI batch files share). Bench (its modules and the Python inside its shell
+media fetcher, and what answers an embeddings body, for OpenAI batch files). Bench (its modules and the Python inside its shell
 scripts) uses only public names of the product that exist, and no test fixtures."""
 
 import ast
@@ -66,7 +66,8 @@ def test_the_folder_readers_know_neither_http_nor_the_engine_client(path):
 
 
 # What the corpus job may use of the API: nothing that serves HTTP.
-_CORPUS_API = ("infinity.api.media_fetch", "infinity.api.types", "infinity.api.inputs", "infinity.api.errors")
+_CORPUS_API = ("infinity.api.media_fetch", "infinity.api.types", "infinity.api.errors", "infinity.api.decode",
+               "infinity.api.embedding")
 
 
 @pytest.mark.parametrize("path", _modules("infinity/corpus"), ids=_name)

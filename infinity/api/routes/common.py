@@ -15,8 +15,7 @@ from infinity.config import Config
 from infinity.api.errors import APIError
 from infinity.api.media_fetch import MediaFetcher
 from infinity.api.metrics import MODEL
-from infinity.client.engine_client import EngineClient, Result
-from infinity.api.types.common import Usage
+from infinity.client.engine_client import EngineClient
 from infinity.client.topology import ServedModel
 from infinity.shared.kinds import kinds_with
 
@@ -79,6 +78,3 @@ def max_items(request: web.Request) -> int:
     server = request.app[CONFIG].server
     return min(server.max_items_per_request, server.max_queued_items)
 
-
-def usage(result: Result) -> Usage:
-    return Usage(result.prompt_tokens, result.prompt_tokens, result.truncated)

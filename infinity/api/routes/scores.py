@@ -16,7 +16,7 @@ from infinity.api import openapi
 from infinity.api.inputs import page_documents, rerank_inputs, text_or_token_inputs
 from infinity.api.media_fetch import media_bytes
 from infinity.api.routes.common import (CONFIG, ENGINE_CLIENT, FETCHER, MODEL_ERRORS, Route, kinds_serving, max_items,
-                                        served_model, usage)
+                                        served_model)
 from infinity.api.types.common import ApiVersion, BilledUnits, CohereMeta, InputTokens, Usage
 from infinity.api.types.scores import (ClassifyRequest, ClassifyResponse, LabelScore, RerankDocument, RerankRequest,
                                        RerankResponse, RerankResult)
@@ -53,7 +53,7 @@ async def rerank(request: web.Request, body: RerankRequest) -> RerankResponse:
                 result.release()
             if not body.raw_scores:
                 scores = activate(scores, result.activation)
-            tokens = usage(result)
+            tokens = Usage.of(result)
     order = np.argsort(-scores, kind="stable")[:body.top_n or None]
     results = [RerankResult(index=int(i), relevance_score=float(scores[i]),
                             document=RerankDocument(documents[i]) if body.return_documents else UNSET)
@@ -108,7 +108,7 @@ async def classify(request: web.Request, body: ClassifyRequest) -> ClassifyRespo
     labels = result.labels
     data = [[LabelScore(labels[j], float(row[j])) for j in np.argsort(-row, kind="stable")] for row in scores]
     return ClassifyResponse(id=uuid.uuid4().hex, created=int(time.time()), data=data, model=model.spec.name,
-                            usage=usage(result))
+                            usage=Usage.of(result))
 
 
 def activate(scores: np.ndarray, activation: str) -> np.ndarray:

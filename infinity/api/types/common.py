@@ -3,9 +3,12 @@ texts or token ids, content parts, usage, Cohere's meta block."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from msgspec import UNSET, Meta, Struct, UnsetType
+
+if TYPE_CHECKING:
+    from infinity.client.engine_client import Result
 
 _TOKEN_ID = {"type": "integer", "minimum": 0, "maximum": 2 ** 31 - 1}
 
@@ -51,6 +54,11 @@ class Usage(Struct):
     prompt_tokens: int
     total_tokens: int
     truncated_inputs: int
+
+    @classmethod
+    def of(cls, result: Result) -> Usage:
+        """What a request whose outputs are `result` is billed."""
+        return cls(result.prompt_tokens, result.prompt_tokens, result.truncated)
 
 
 class ApiVersion(Struct):

@@ -1,0 +1,164 @@
+"""Answering an embeddings body (OpenAI's `/v1/embeddings`, with its extensions) on a
+served model, whatever carried it: the HTTP routes (`infinity.api.routes.embeddings`) or a
+line of an OpenAI batch file (`infinity.corpus.batch_file`). Float, base64 and quantised
+types and `dimensions`; a multi-vector model's matrices; a sparse model's indices and
+values. Errors are `APIError`s (a client's mistake) or `ServingError`s (from the children)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import msgspec
+import numpy as np
+
+from infinity.api.errors import APIError
+from infinity.api.inputs import text_or_token_inputs
+from infinity.api.media_fetch import MediaFetcher, media_bytes
+from infinity.api.types.common import TextPart, ImagePart, Usage
+from infinity.api.types.embeddings import (AudioUrlPart, EmbeddingData, EmbeddingRequest, EmbeddingResponse,
+                                           SparseEmbedding)
+from infinity.client.engine_client import EngineClient, ModelInputs, Result
+from infinity.client.topology import ServedModel
+from infinity.config import Config
+from infinity.shared.vectors import EmbeddingType, encode, encode_matrix, largest, shorten
+
+
+@dataclass(frozen=True)
+class Embedder:
+    """What answering an embeddings body needs beside it: the engine client, the media
+    fetcher, the configuration, and the most inputs one body may carry."""
+
+    client: EngineClient
+    fetcher: MediaFetcher
+    config: Config
+    max_items: int
+
+    async def embeddings(self, model: ServedModel, body: EmbeddingRequest) -> EmbeddingResponse:
+        """OpenAI embeddings of `body` on `model`; with `embedding_types`, each item holds
+        `embeddings` by type instead of `embedding`."""
+        body = with_input(body)
+        if body.modality == "text":
+            inputs = text_or_token_inputs(body.input, self.max_items)
+        elif body.modality == model.kind.medium:
+            inputs = ModelInputs(media=await media_bytes(self.fetcher, body.input,
+                                                         self.config.media.max_bytes(body.modality), self.max_items))
+        else:
+            # Not read as text: a data: URI or URL embedded as words would be a wrong vector.
+            raise APIError(422, f"model '{model.spec.name}' does not embed {body.modality} inputs (it is of kind "
+                                f"'{model.spec.kind}')", param="modality")
+        if model.kind.sparse:
+            return await self._sparse(model, inputs, body)
+        if body.top_k is not None:
+            raise APIError(422, f"top_k applies to sparse models; '{model.spec.name}' is of kind "
+                                f"'{model.spec.kind}'", param="top_k")
+        types = body.output_types(self.config.server.embedding_type)
+        if model.kind.late_interaction:
+            return await self._multivector(model, inputs, body, types)
+        # 0 asks for every dimension, as in infinity (its generated client sends 0 by default).
+        result, rows = await self.vectors(model, inputs, body.dimensions or None, "dimensions")
+        encoded = {t: encode(rows, t, body.encoding_format == "base64") for t in types}
+        if body.embedding_types is None:
+            data = [EmbeddingData(index=i, embedding=value) for i, value in enumerate(encoded[types[0]])]
+        else:
+            data = [EmbeddingData(index=i, embeddings={t: encoded[t][i] for t in types}) for i in range(len(rows))]
+        return EmbeddingResponse(data=data, model=model.spec.name, usage=Usage.of(result))
+
+    async def vectors(self, model: ServedModel, inputs: ModelInputs, dimensions: int | None,
+                      dimensions_param: str) -> tuple[Result, np.ndarray]:
+        """Run `inputs` through an embedder; return the (released) result and its vectors as
+        one (n, dim) float32 array, truncated to `dimensions` and re-normalised."""
+        dim = model.info.dim if model.info else None
+        if dimensions is not None and dim is not None and not 0 < dimensions <= dim:
+            raise APIError(422, f"{dimensions_param} must be between 1 and {dim} for model '{model.spec.name}'",
+                           param=dimensions_param)
+        result = await self.client.run(model, inputs)
+        try:
+            rows = np.stack(list(result.rows()))
+        finally:
+            result.release()
+        return result, shorten(rows, dimensions)
+
+    async def sparse_vectors(self, model: ServedModel, inputs: ModelInputs,
+                             top_k: int | None) -> tuple[Result, list[np.ndarray]]:
+        """Run `inputs` through a sparse model; return the (released) result and each input's
+        nonzero entries (records of `index` and `value`, by index), its largest `top_k` only
+        and never more than the model's own max_active_dims."""
+        result = await self.client.run(model, inputs)
+        try:
+            vectors = list(result.rows())
+        finally:
+            result.release()
+        limits = [k for k in (top_k, model.spec.max_active_dims) if k is not None]
+        if limits:
+            vectors = [largest(entries, min(limits)) for entries in vectors]
+        return result, vectors
+
+    async def _multivector(self, model: ServedModel, inputs: ModelInputs, body: EmbeddingRequest,
+                           types: list[EmbeddingType]) -> EmbeddingResponse:
+        """A multi-vector model's embeddings: each item a matrix (a row per token, padding
+        removed) and its `shape`."""
+        if body.dimensions:
+            raise APIError(422, f"dimensions does not apply to the multi-vector model '{model.spec.name}' (it "
+                                "would cut every token's vector); leave it out", param="dimensions")
+        result = await self.client.run(model, msgspec.structs.replace(inputs, task=body.task))
+        try:
+            matrices = list(result.rows())
+        finally:
+            result.release()
+        as_base64 = body.encoding_format == "base64"
+        data = []
+        for i, matrix in enumerate(matrices):
+            encoded = {t: encode_matrix(matrix, t, as_base64) for t in types}
+            data.append(EmbeddingData(index=i, shape=list(matrix.shape),
+                                      **({"embedding": encoded[types[0]]} if body.embedding_types is None
+                                         else {"embeddings": encoded})))
+        return EmbeddingResponse(data=data, model=model.spec.name, usage=Usage.of(result))
+
+    async def _sparse(self, model: ServedModel, inputs: ModelInputs, body: EmbeddingRequest) -> EmbeddingResponse:
+        """A sparse model's embeddings: each item its nonzero values and their indices, by
+        index, in float only (`indices` are vocabulary entries: nothing to cut or quantise)."""
+        name = model.spec.name
+        if body.dimensions:
+            raise APIError(422, f"dimensions does not apply to the sparse model '{name}' (its dimensions are "
+                                "vocabulary entries); use top_k to keep its largest values", param="dimensions")
+        if body.encoding_format == "base64":
+            raise APIError(422, f"the sparse model '{name}' answers its indices and values as JSON numbers, not "
+                                "base64: send encoding_format \"float\" (the openai client sends base64 unless told)",
+                           param="encoding_format")
+        # The server's default type is for dense vectors; a sparse model's values are floats.
+        types = body.output_types("float")
+        if types != ["float"]:
+            raise APIError(422, f"the sparse model '{name}' answers float values only, not "
+                                f"{', '.join(t for t in types if t != 'float')}",
+                           param="embedding_types" if body.embedding_types is not None else "embedding_type")
+        result, vectors = await self.sparse_vectors(model, inputs, body.top_k)
+        data = []
+        for i, entries in enumerate(vectors):
+            vector = SparseEmbedding(indices=entries["index"].tolist(), values=entries["value"].tolist())
+            data.append(EmbeddingData(index=i, **({"embedding": vector} if body.embedding_types is None
+                                                  else {"embeddings": {"float": vector}})))
+        return EmbeddingResponse(data=data, model=name, usage=Usage.of(result))
+
+
+def with_input(body: EmbeddingRequest) -> EmbeddingRequest:
+    """The request with its one input in `input`: vLLM's `messages` (one message of one
+    text, or of one image or audio part) turned into `input` and `modality`."""
+    if body.messages is None:
+        if body.input is None:
+            raise APIError(422, "input is required (or vLLM's messages)", param="input")
+        return body
+    if body.input is not None:
+        raise APIError(422, "give input or messages, not both", param="messages")
+    parts = [part for message in body.messages
+             for part in ([TextPart(message.content)] if isinstance(message.content, str) else message.content)]
+    if len(parts) != 1:
+        raise APIError(422, f"messages must hold one text, image or audio clip: an embedding here is of one input (a "
+                            f"two-tower model embeds a text and a medium apart, not together); these hold {len(parts)} "
+                            "parts", param="messages")
+    (part,) = parts
+    if isinstance(part, TextPart):
+        return msgspec.structs.replace(body, input=[part.text], modality="text", messages=None)
+    if isinstance(part, ImagePart):
+        return msgspec.structs.replace(body, input=[part.image_url.url], modality="image", messages=None)
+    url = part.audio_url.url if isinstance(part, AudioUrlPart) else part.uri
+    return msgspec.structs.replace(body, input=[url], modality="audio", messages=None)
