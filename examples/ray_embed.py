@@ -1,0 +1,77 @@
+"""Embed a Parquet dataset with Ray Data: read INPUT (a Parquet file or a folder of them),
+run `infinity.ray.Embed` over it in a pool of actors (each starts the model once, on the
+GPUs Ray gives it or on its CPUs), write the rows with their `embedding` and `error`
+columns as Parquet files under OUTPUT. A row that cannot be embedded gets its reason in
+`error` (NaN or zeros in `embedding`); it never stops the job.
+
+Locally (Ray started in this process):
+
+    python examples/ray_embed.py corpus/ embedded/ --concurrency 2 --batch-size 256
+
+On a cluster (INPUT and OUTPUT on storage every node reaches: s3://, gs://, a shared mount):
+
+    ray job submit --working-dir . -- python examples/ray_embed.py s3://b/corpus s3://b/out \\
+        --model BAAI/bge-small-en-v1.5 --concurrency 8 --num-gpus 1
+
+Resume: with `--checkpoint PATH` (shared storage) Ray Data's own checkpointing (Ray 2.60,
+`DataContext.checkpoint_config`) records the ids of the rows written; run the same command
+again after a failure and the rows already written are filtered out as they are read. It
+needs a column of unique row ids (`--id-column`, default id); the checkpoint is deleted
+when the job completes.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import ray
+import ray.data
+
+from infinity.ray import Embed
+
+
+def embed_parquet(input: str, output: str, *, model: str | None = None, config: str | None = None,
+                  column: str = "text", concurrency: int = 1, batch_size: int = 256, num_gpus: float = 0,
+                  num_cpus: float | None = None, checkpoint: str | None = None, id_column: str = "id") -> None:
+    """Read `input`, embed column `column` of every row, write Parquet files under `output`.
+    Ray must be initialised (`ray.init()`)."""
+    if checkpoint is not None:
+        from ray.data.checkpoint import CheckpointConfig
+
+        ray.data.DataContext.get_current().checkpoint_config = CheckpointConfig(id_column, checkpoint)
+    dataset = ray.data.read_parquet(input)
+    embedded = dataset.map_batches(
+        Embed,
+        fn_constructor_kwargs={"model": model, "config": config, "column": column},
+        concurrency=concurrency,
+        batch_size=batch_size,
+        num_gpus=num_gpus,
+        # A GPU actor's CPU work is tokenizing: Ray's default CPU share is enough to schedule it.
+        **({"num_cpus": num_cpus} if num_cpus is not None else {}),
+    )
+    embedded.write_parquet(output)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("input", help="a Parquet file or a folder of them (local, s3://, gs://, ...)")
+    parser.add_argument("output", help="the folder to write Parquet files into")
+    parser.add_argument("--model", help="a model folder, hub id, or a model of --config by name "
+                                        "(default: the packaged all-MiniLM-L6-v2)")
+    parser.add_argument("--config", help="models.toml (its [server] and [[models]] apply)")
+    parser.add_argument("--column", default="text", help="the column of texts (default text)")
+    parser.add_argument("--concurrency", type=int, default=1, help="actors, each with its own model (default 1)")
+    parser.add_argument("--batch-size", type=int, default=256, help="rows per batch given to an actor (default 256)")
+    parser.add_argument("--num-gpus", type=float, default=0, help="GPUs per actor (default 0: CPU)")
+    parser.add_argument("--num-cpus", type=float, help="CPUs per actor (default: Ray's)")
+    parser.add_argument("--checkpoint", help="resume with Ray Data checkpointing, kept at this path")
+    parser.add_argument("--id-column", default="id", help="the unique row ids that --checkpoint records (default id)")
+    args = parser.parse_args()
+    ray.init()  # joins the cluster under `ray job submit` (RAY_ADDRESS), else starts a local Ray
+    embed_parquet(args.input, args.output, model=args.model, config=args.config, column=args.column,
+                  concurrency=args.concurrency, batch_size=args.batch_size, num_gpus=args.num_gpus,
+                  num_cpus=args.num_cpus, checkpoint=args.checkpoint, id_column=args.id_column)
+
+
+if __name__ == "__main__":
+    main()
