@@ -43,7 +43,7 @@ def embed_parquet(input: str, output: str, *, model: str | None = None, config: 
     embedded = dataset.map_batches(
         Embed,
         fn_constructor_kwargs={"model": model, "config": config, "column": column},
-        concurrency=concurrency,
+        compute=ray.data.ActorPoolStrategy(size=concurrency),  # `concurrency=` is deprecated since Ray 2.51
         batch_size=batch_size,
         num_gpus=num_gpus,
         # A GPU actor's CPU work is tokenizing: Ray's default CPU share is enough to schedule it.
