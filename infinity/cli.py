@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
-from infinity.config import Config, ConfigError, ServerConfig, load_config
+from infinity.config import Config, ConfigError, ServerConfig, load_config, load_one_model
 from infinity.api.connections import ConnectionGuard, ConnectionLimits, GuardedSite
 from infinity.shared.protocol import ModelSpec
 
@@ -166,13 +166,7 @@ def _embed(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s [embed] %(message)s")
     overrides = {"log_level": args.log_level, "tokenizer_workers": args.tokenizer_workers}
     try:
-        config = load_config(args.config, server_overrides=overrides)
-        named = {model.name: model for model in config.models}
-        if args.model is not None and args.model not in named:
-            config = load_config(args.config, server_overrides=overrides, model_source=args.model)
-        elif args.model is None and len(config.models) > 1:
-            raise ConfigError(f"{args.config} serves several models ({', '.join(named)}): name one with --model")
-        model = named[args.model] if args.model in named else config.models[0]
+        config, model = load_one_model(args.config, args.model, overrides)
         options = _embed_options(args, config)
         cpu_bfloat16 = config.server.auto_bfloat16 and cpu_computes_bfloat16()
         specs = resolve_replicas(model, cpu_bfloat16)

@@ -239,6 +239,20 @@ def load_config(
     return config
 
 
+def load_one_model(path: str | os.PathLike[str] | None, model: str | None,
+                   server_overrides: dict[str, Any] | None = None) -> tuple[Config, ModelConfig]:
+    """The configuration at `path` and the one model a job runs: `model` names one of its
+    models, or else is a source (a folder, a hub id); without it, the file's only model
+    (the packaged default when it has none)."""
+    config = load_config(path, server_overrides=server_overrides)
+    named = {entry.name: entry for entry in config.models}
+    if model is not None and model not in named:
+        config = load_config(path, server_overrides=server_overrides, model_source=model)
+    elif model is None and len(config.models) > 1:
+        raise ConfigError(f"{path} serves several models ({', '.join(named)}): name the one to run")
+    return config, named[model] if model in named else config.models[0]
+
+
 def _read_toml(path: str | os.PathLike[str]) -> dict[str, Any]:
     try:
         with open(path, "rb") as f:

@@ -17,23 +17,23 @@ import os
 import socket
 import threading
 import weakref
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
 from typing import Any, TypeVar
 
 import msgspec
 import numpy as np
 import uvloop
 
-from infinity.config import ConfigError, ModelConfig, load_config
+from infinity.config import load_one_model
 from infinity.corpus.encoder import Encoded, Encoder
-from infinity.corpus.job import OUTPUT_TYPES
+from infinity.corpus.job import converter, output_type
 from infinity.corpus.sources import Columns, Rows
-from infinity.shared.kinds import KINDS, KindSpec
-from infinity.shared.vectors import QUANTIZERS, shorten
+from infinity.shared.kinds import KINDS
+from infinity.shared.vectors import shorten
 
 T = TypeVar("T")
-CHUNK = 32  # inputs per request to the model, as the corpus job sends them
-CHUNKS_IN_FLIGHT = 16  # within the children's queue (max_queued_items), so none is refused as full
+BATCH = 32  # inputs per request to the model, as the corpus job sends them
+BATCHES_IN_FLIGHT = 16  # within the children's queue (max_queued_items), so none is refused as full
 
 
 class Embed:
@@ -57,13 +57,13 @@ class Embed:
         from infinity.shared.devices import cpu_computes_bfloat16
 
         self._column, self._medium, self._dimensions = column, medium, dimensions
-        loaded, model_config = _model_config(model, config, log_level)
+        loaded, model_config = load_one_model(config, model, {"log_level": log_level})
         gpus = _assigned_gpus()
         # Ray sets CUDA_VISIBLE_DEVICES to the actor's GPUs: they are cuda:0, cuda:1, ... here.
         model_config = msgspec.structs.replace(model_config, device=[f"cuda:{i}" for i in range(gpus)] or "cpu")
         specs = resolve_replicas(model_config, loaded.server.auto_bfloat16 and cpu_computes_bfloat16())
         self._kind = KINDS[specs[0].kind]
-        self._type = _embedding_type(self._kind, medium, embedding_type, dimensions)
+        self._type = output_type(self._kind, medium, embedding_type, dimensions)
         shm.remove_stale()  # what actors killed on this node (ray.kill, a crash) left under /dev/shm
 
         self._encoder: Encoder | None = None
@@ -125,23 +125,9 @@ class Embed:
         return asyncio.run_coroutine_threadsafe(work, self._loop).result()  # type: ignore[arg-type]
 
     async def _encode(self, rows: Rows) -> Encoded:
-        """The rows' outputs, in chunks of `CHUNK` inputs, `CHUNKS_IN_FLIGHT` at a time."""
+        """The rows' outputs, in batches of `BATCH` inputs, `BATCHES_IN_FLIGHT` at a time."""
         assert self._encoder is not None
-        encoder, medium = self._encoder, self._medium
-        positions = [i for i, value in enumerate(rows.inputs) if value is not None]
-        chunks = [positions[i:i + CHUNK] for i in range(0, len(positions), CHUNK)]
-        slots = asyncio.Semaphore(CHUNKS_IN_FLIGHT)
-
-        async def chunk(at: list[int]) -> Encoded:
-            async with slots:
-                return await encoder.encode([rows.inputs[i] for i in at], medium)  # type: ignore[misc]
-
-        merged = Encoded([None] * len(rows.inputs), [0] * len(rows.inputs), [False] * len(rows.inputs))
-        for at, result in zip(chunks, await asyncio.gather(*(chunk(at) for at in chunks))):
-            for j, position in enumerate(at):
-                merged.outputs[position] = result.outputs[j]
-            merged.failed.update({at[j]: reason for j, reason in result.failed.items()})
-        return merged
+        return await self._encoder.encode_batches(rows.inputs, self._medium, BATCH, asyncio.Semaphore(BATCHES_IN_FLIGHT))
 
     def _column_of(self, encoded: Encoded, failed: dict[int, tuple[str, str]]) -> np.ndarray:
         count = len(encoded.outputs)
@@ -150,9 +136,9 @@ class Embed:
             column = np.empty(count, dtype=object)  # rows of different sizes
             for i in good:
                 column[i] = _sparse_records(encoded.outputs[i]) if self._kind.sparse \
-                    else _converter(self._type)(encoded.outputs[i])  # type: ignore[arg-type]
+                    else converter(self._type)(encoded.outputs[i])  # type: ignore[arg-type]
             return column
-        converted = _converter(self._type)(shorten(np.stack([encoded.outputs[i] for i in good])
+        converted = converter(self._type)(shorten(np.stack([encoded.outputs[i] for i in good])
                                                    if good else np.zeros((0, self.dim), np.float32),
                                                    self._dimensions))
         # A failed row's vector: NaN where the type has it, else zeros; its `error` says why.
@@ -160,39 +146,6 @@ class Embed:
                          dtype=converted.dtype)
         column[good] = converted
         return column
-
-
-def _model_config(model: str | None, path: str | None, log_level: str) -> tuple[Any, ModelConfig]:
-    """The config (models.toml at `path`, if any) and the model to run, as `embed` picks it."""
-    overrides = {"log_level": log_level}
-    config = load_config(path, server_overrides=overrides)
-    named = {entry.name: entry for entry in config.models}
-    if model is not None and model not in named:
-        config = load_config(path, server_overrides=overrides, model_source=model)
-    elif model is None and len(config.models) > 1:
-        raise ConfigError(f"{path} serves several models ({', '.join(named)}): name one with model=")
-    return config, named[model] if model in named else config.models[0]
-
-
-def _embedding_type(kind: KindSpec, medium: str, wanted: str | None, dimensions: int | None) -> str:
-    """The output type to give (checked against the model's kind)."""
-    if "embed" not in kind.capabilities and "sparse" not in kind.capabilities:
-        raise ValueError(f"the model is of kind '{kind.name}', which does not embed")
-    wanted = wanted or ("sparse" if kind.sparse else "float")
-    if wanted not in OUTPUT_TYPES or kind.sparse != (wanted == "sparse"):
-        allowed = ["sparse"] if kind.sparse else [t for t in OUTPUT_TYPES if t != "sparse"]
-        raise ValueError(f"embedding_type {wanted!r}: a model of kind '{kind.name}' gives {', '.join(allowed)}")
-    if dimensions is not None and (kind.sparse or kind.late_interaction):
-        raise ValueError(f"dimensions does not apply to a model of kind '{kind.name}'")
-    if medium not in ("text", kind.medium):
-        raise ValueError(f"the model is of kind '{kind.name}', which does not embed {medium}")
-    return wanted
-
-
-def _converter(embedding_type: str) -> Callable[[np.ndarray], np.ndarray]:
-    if embedding_type == "float16":
-        return lambda rows: np.asarray(rows, dtype=np.float16)
-    return QUANTIZERS[embedding_type]
 
 
 def _sparse_records(entries: np.ndarray) -> list[dict[str, Any]]:

@@ -66,6 +66,27 @@ class Encoder:
         await self._encode_into(encoded, positions, [inputs[i] for i in positions], medium)
         return encoded
 
+    async def encode_batches(self, inputs: list[str | bytes | None], medium: str, batch_size: int,
+                             slots: asyncio.Semaphore) -> Encoded:
+        """`encode` over `inputs` (None: a row that failed before, skipped) in batches of
+        `batch_size`, each run while it holds one of `slots` (shared by the caller's other
+        work, so that what is in flight stays bounded)."""
+        positions = [i for i, value in enumerate(inputs) if value is not None]
+        chunks = [positions[i:i + batch_size] for i in range(0, len(positions), batch_size)]
+
+        async def batch(chunk: list[int]) -> Encoded:
+            async with slots:
+                return await self.encode([inputs[i] for i in chunk], medium)  # type: ignore[misc]
+
+        merged = Encoded([None] * len(inputs), [0] * len(inputs), [False] * len(inputs))
+        for chunk, result in zip(chunks, await asyncio.gather(*(batch(chunk) for chunk in chunks))):
+            for j, position in enumerate(chunk):
+                merged.outputs[position] = result.outputs[j]
+                merged.costs[position] = result.costs[j]
+                merged.cut[position] = result.cut[j]
+            merged.failed.update({chunk[j]: reason for j, reason in result.failed.items()})
+        return merged
+
     async def _fetched(self, inputs: list[str | bytes], encoded: Encoded) -> list[str | bytes]:
         """Media inputs as bytes: URLs fetched (a failure fails that row), data: URIs as sent."""
         fetched = list(inputs)

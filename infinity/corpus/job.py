@@ -83,7 +83,7 @@ def run(options: JobOptions, config: Config, specs: list[ModelSpec]) -> Summary:
 
 async def _run(options: JobOptions, config: Config, specs: list[ModelSpec]) -> Summary:
     kind = KINDS[specs[0].kind]
-    embedding_type = _embedding_type(options, kind)
+    embedding_type = output_type(kind, options.columns.medium, options.embedding_type, options.dimensions)
     files = input_files(options.input)
     with_ids = [check_columns(file, options.columns) for file in files]
     units = plan(files, options.rows_per_part)
@@ -107,19 +107,21 @@ async def _run(options: JobOptions, config: Config, specs: list[ModelSpec]) -> S
         await encoder.stop()
 
 
-def _embedding_type(options: JobOptions, kind: KindSpec) -> str:
+def output_type(kind: KindSpec, medium: str, wanted: str | None, dimensions: int | None) -> str:
+    """The embedding type to write for a model of `kind` reading `medium` (`wanted`, or
+    the kind's default), or `JobError` if the model cannot give it."""
     if "embed" not in kind.capabilities and "sparse" not in kind.capabilities:
         raise JobError(f"the model is of kind '{kind.name}', which does not embed: give an embedding model")
-    wanted = options.embedding_type or ("sparse" if kind.sparse else "float")
+    wanted = wanted or ("sparse" if kind.sparse else "float")
     if wanted not in OUTPUT_TYPES:
-        raise JobError(f"--embedding-type {wanted!r}: choose one of {', '.join(OUTPUT_TYPES)}")
+        raise JobError(f"embedding type {wanted!r}: choose one of {', '.join(OUTPUT_TYPES)}")
     if kind.sparse != (wanted == "sparse"):
         raise JobError("a sparse model's embeddings are of type sparse" if kind.sparse
-                       else f"--embedding-type sparse is for sparse models; this one is of kind '{kind.name}'")
-    if options.dimensions is not None and (kind.sparse or kind.late_interaction):
-        raise JobError(f"--dimensions does not apply to a model of kind '{kind.name}'")
-    if options.columns.medium != "text" and options.columns.medium != kind.medium:
-        raise JobError(f"the model is of kind '{kind.name}', which does not embed {options.columns.medium}")
+                       else f"embedding type sparse is for sparse models; this one is of kind '{kind.name}'")
+    if dimensions is not None and (kind.sparse or kind.late_interaction):
+        raise JobError(f"dimensions does not apply to a model of kind '{kind.name}'")
+    if medium != "text" and medium != kind.medium:
+        raise JobError(f"the model is of kind '{kind.name}', which does not embed {medium}")
     return wanted
 
 
@@ -189,14 +191,15 @@ class _PartWriter:
     def _column(self, outputs: list[np.ndarray]) -> pa.Array:
         if self._kind.sparse:
             return sparse_column(outputs)
-        convert = _converter(self._type)
+        convert = converter(self._type)
         if self._kind.late_interaction:
             return matrix_column([convert(matrix) for matrix in outputs], convert(self._empty))
         rows = np.stack(outputs) if outputs else self._empty
         return dense_column(convert(shorten(rows, self._dimensions)))
 
 
-def _converter(embedding_type: str) -> Callable[[np.ndarray], np.ndarray]:
+def converter(embedding_type: str) -> Callable[[np.ndarray], np.ndarray]:
+    """What turns float32 outputs into `embedding_type`'s values (not for sparse)."""
     if embedding_type == "float16":
         return lambda rows: np.asarray(rows, dtype=np.float16)
     return QUANTIZERS[embedding_type]
@@ -218,17 +221,10 @@ async def _embed_units(options: JobOptions, encoder: Encoder, output: Output, fi
         for _ in range(UNITS_IN_FLIGHT):
             await read.put(None)
 
-    async def batch(inputs: list[str | bytes]) -> Encoded:
-        async with batches:
-            return await encoder.encode(inputs, options.columns.medium)
-
     async def embedder() -> None:
         while (item := await read.get()) is not None:
             unit, rows = item
-            positions = [i for i, value in enumerate(rows.inputs) if value is not None]
-            chunks = [positions[i:i + options.batch_size] for i in range(0, len(positions), options.batch_size)]
-            results = await asyncio.gather(*(batch([rows.inputs[i] for i in chunk]) for chunk in chunks))  # type: ignore[misc]
-            encoded = _merge(len(rows.numbers), chunks, results)
+            encoded = await encoder.encode_batches(rows.inputs, options.columns.medium, options.batch_size, batches)
             embedded, failed = writer.tables(unit, rows, encoded)
             await asyncio.to_thread(output.write, unit, embedded, failed)
             manifest = await asyncio.to_thread(output.refresh)
@@ -252,16 +248,4 @@ async def _embed_units(options: JobOptions, encoder: Encoder, output: Output, fi
         summary.complete = (await asyncio.to_thread(output.refresh)).complete
     summary.seconds = time.monotonic() - started
     return summary
-
-
-def _merge(count: int, chunks: list[list[int]], results: list[Encoded]) -> Encoded:
-    """One unit's `Encoded` from its batches' (positions in `chunks`)."""
-    merged = Encoded([None] * count, [0] * count, [False] * count)
-    for chunk, result in zip(chunks, results):
-        for j, position in enumerate(chunk):
-            merged.outputs[position] = result.outputs[j]
-            merged.costs[position] = result.costs[j]
-            merged.cut[position] = result.cut[j]
-        merged.failed.update({chunk[j]: reason for j, reason in result.failed.items()})
-    return merged
 
