@@ -4,15 +4,17 @@ Over one Parquet file of `--rows` corpus texts (`workers.inference.corpus`, with
 each in a process of its own, one after the other:
 
 - ceiling: the engine and dtype `embed` serves (read from its manifest), loaded in
-  process; batches of 32 in file order, tokenizing included, no file I/O; the better of
-  one batch at a time on all threads and a batch per lane at once (the engine's lanes);
+  process; batches of 32, tokenizing included, no file I/O; the best of: in file order,
+  and sorted by length within each 1,024 texts (as sentence-transformers' `encode` does),
+  one batch at a time on all threads, or a batch per lane at once (the engine's lanes);
 - embed: `python -m infinity embed FILE OUT --quiet`, from start to summary (its own
   rows/s, which leave out the model's start, and the wall time);
 - server: `python -m infinity serve` and 8 clients each sending 32 texts of the file per
   request over HTTP (aiohttp) until every row is embedded;
 - sentence-transformers: read the file, `encode(texts, batch_size=32)`, write Parquet
   (what a user would otherwise write), float32 as it loads;
-- ray (`--ray`): `examples/ray_embed.py` on a local Ray with one actor.
+- ray (`--ray`): `examples/ray_embed.py` on a local Ray with one actor on every core
+  (wall time, Ray's and the model's start included).
 
 Rows/s and tokens/s (the model's tokens, from the job's output), and each against the
 ceiling and the server. Nothing else may run meanwhile (bench/results/method.md).
@@ -71,25 +73,28 @@ def ceiling(path: Path, model: str | None, engine: str, dtype: str, threads: int
 
     loaded, tokenizer = load_engine(f"{engine}:{dtype}", threads, model)
     texts = texts_of(path)
-    batches = [texts[i:i + BATCH] for i in range(0, len(texts), BATCH)]
+    in_order = [texts[i:i + BATCH] for i in range(0, len(texts), BATCH)]
+    by_length = [sorted(texts[i:i + 1024], key=len) for i in range(0, len(texts), 1024)]
+    sorted_batches = [chunk[i:i + BATCH] for chunk in by_length for i in range(0, len(chunk), BATCH)]
 
     def run(batch: list[str], wide: bool = False) -> None:
         ids = [np.array(e.ids) for e in tokenizer.encode_batch_fast(batch)]
         loaded.forward(*pad_batch(ids), wide=wide)
 
-    for batch in batches[:8]:
+    for batch in in_order[:8]:
         run(batch)
     figures = {}
-    if loaded.engine.lanes == 1 or loaded.engine.widens:
-        start = time.perf_counter()
-        for batch in batches:
-            run(batch, wide=loaded.engine.widens)
-        figures["all_threads"] = len(texts) / (time.perf_counter() - start)
-    if loaded.engine.lanes > 1:
-        with ThreadPoolExecutor(loaded.engine.lanes) as lanes:
+    for order, batches in (("file_order", in_order), ("sorted", sorted_batches)):
+        if loaded.engine.lanes == 1 or loaded.engine.widens:
             start = time.perf_counter()
-            list(lanes.map(run, batches))
-            figures["lanes"] = len(texts) / (time.perf_counter() - start)
+            for batch in batches:
+                run(batch, wide=loaded.engine.widens)
+            figures[f"{order}_all_threads"] = len(texts) / (time.perf_counter() - start)
+        if loaded.engine.lanes > 1:
+            with ThreadPoolExecutor(loaded.engine.lanes) as lanes:
+                start = time.perf_counter()
+                list(lanes.map(run, batches))
+                figures[f"{order}_lanes"] = len(texts) / (time.perf_counter() - start)
     return {"rows_per_s": max(figures.values()), **figures}
 
 
@@ -183,11 +188,15 @@ def sentence_transformers(path: Path, model: str | None) -> dict:
 def ray(path: Path, model: str | None) -> dict:
     out = OUT / "ray-out"
     shutil.rmtree(out, ignore_errors=True)
-    command = [sys.executable, "examples/ray_embed.py", str(path), str(out), "--concurrency", "1"]
+    command = [sys.executable, "examples/ray_embed.py", str(path), str(out), "--concurrency", "1",
+               "--num-cpus", str(os.cpu_count())]
     if model:
         command += ["--model", model]
+    # The actor takes every core; Ray's read and write tasks need a CPU of its books too, so
+    # it is told of one more than there are (its CPUs are logical), or the job never starts.
+    env = {**os.environ, "RAY_OVERRIDE_RESOURCES": json.dumps({"CPU": (os.cpu_count() or 1) + 1})}
     start = time.perf_counter()
-    subprocess.run(command, check=True, capture_output=True, text=True)
+    subprocess.run(command, check=True, capture_output=True, text=True, env=env, timeout=3600)
     return {"rows_per_s": len(texts_of(path)) / (time.perf_counter() - start), "note": "wall time, Ray's start included"}
 
 

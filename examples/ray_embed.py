@@ -29,6 +29,8 @@ import ray.data
 
 from infinity.ray import Embed
 
+BATCHES_PER_ACTOR = 4
+
 
 def embed_parquet(input: str, output: str, *, model: str | None = None, config: str | None = None,
                   column: str = "text", concurrency: int = 1, batch_size: int = 256, num_gpus: float = 0,
@@ -46,6 +48,9 @@ def embed_parquet(input: str, output: str, *, model: str | None = None, config: 
         compute=ray.data.ActorPoolStrategy(size=concurrency),  # `concurrency=` is deprecated since Ray 2.51
         batch_size=batch_size,
         num_gpus=num_gpus,
+        # Several batches at once in an actor (its threads): one batch's rows are sent to the
+        # model while another's are answered, so its children never wait between batches.
+        max_concurrency=BATCHES_PER_ACTOR,
         # A GPU actor's CPU work is tokenizing: Ray's default CPU share is enough to schedule it.
         **({"num_cpus": num_cpus} if num_cpus is not None else {}),
     )
