@@ -7,24 +7,19 @@ that is no request an `error`; no process, temporary file or /dev/shm folder lef
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from tests.support.answers import decode_embedding
-from tests.support.processes import descendant_pids, pid_alive, wait_until
+from tests.support.embed_job import run_embed
+from tests.support.processes import pid_alive, wait_until
 from tests.support.reference import DIM, MODEL_NAME, SENTENCES
-from tests.support.server import REPO, stop_with_parent
 from tests.support.shm import SHM_DIR
 
 pytestmark = pytest.mark.timeout(300)
 
-ENV = {**os.environ, "PYTHONFAULTHANDLER": "1", "INFINITY_AUTO_BFLOAT16": "false"}  # as the test servers run
 
 BODIES = {
     "texts": {"model": MODEL_NAME, "input": SENTENCES[:8]},
@@ -33,23 +28,12 @@ BODIES = {
 }
 
 
-def _embed(source: Path, target: Path, timeout: float = 240) -> tuple[int, str]:
+def _embed(source: Path, target: Path) -> tuple[int, str]:
     """Run the job to its end; check it left no child process and no /dev/shm folder."""
-    command = [sys.executable, "-m", "infinity", "embed", str(source), str(target), "--quiet",
-               "--tokenizer-workers", "1"]
-    proc = subprocess.Popen(command, cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            stdin=subprocess.DEVNULL, text=True, preexec_fn=stop_with_parent)
-    children: set[int] = set()
-    deadline = time.monotonic() + timeout
-    while proc.poll() is None:
-        children |= descendant_pids(proc.pid)
-        if time.monotonic() > deadline:
-            proc.kill()
-            raise AssertionError(f"embed did not finish within {timeout:.0f} s: {proc.communicate()[0]}")
-        time.sleep(0.1)
-    assert wait_until(lambda: not any(pid_alive(pid) for pid in children), 15), "a child outlived the job"
-    assert not list(SHM_DIR.glob(f"infinity-emb-{proc.pid}-*"))
-    return proc.returncode, proc.stdout.read()
+    run = run_embed(str(source), str(target))
+    assert wait_until(lambda: not any(pid_alive(pid) for pid in run.children), 15), "a child outlived the job"
+    assert not list(SHM_DIR.glob(f"infinity-emb-{run.pid}-*"))
+    return run.code, run.err
 
 
 def test_a_batch_file_answered_as_the_server_answers(server, tmp_path: Path) -> None:

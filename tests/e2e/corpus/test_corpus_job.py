@@ -9,11 +9,7 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -21,55 +17,24 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from tests.support.embed_job import EmbedRun, run_embed, start_embed
 from tests.support.processes import descendant_pids, pid_alive, wait_until
 from tests.support.reference import DIM, MODEL_NAME, SENTENCES
-from tests.support.server import REPO, stop_with_parent
 from tests.support.shm import SHM_DIR
 
 pytestmark = pytest.mark.timeout(300)
 
-ENV = {**os.environ, "PYTHONFAULTHANDLER": "1", "INFINITY_AUTO_BFLOAT16": "false"}  # as the test servers run
 ROWS_PER_PART = 64
 
 
-class Run:
-    """One finished `python -m infinity embed` subprocess."""
-
-    def __init__(self, code: int, err: str, pid: int, children: set[int]) -> None:
-        self.code, self.err, self.pid, self.children = code, err, pid, children
-
-
-def _command(*args: str) -> list[str]:
-    return [sys.executable, "-m", "infinity", "embed", *args, "--quiet", "--tokenizer-workers", "1"]
-
-
-def _start(*args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(_command(*args), cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            stdin=subprocess.DEVNULL, text=True, preexec_fn=stop_with_parent)
-
-
-def _embed(*args: str, timeout: float = 240) -> Run:
-    """Run the job to its end; its children as seen while it ran."""
-    proc = _start(*args)
-    children: set[int] = set()
-    deadline = time.monotonic() + timeout
-    while proc.poll() is None:
-        children |= descendant_pids(proc.pid)
-        if time.monotonic() > deadline:
-            proc.kill()
-            raise AssertionError(f"embed {args} did not finish within {timeout:.0f} s: {proc.communicate()[0]}")
-        time.sleep(0.1)
-    return Run(proc.returncode, proc.stdout.read(), proc.pid, children)
-
-
-def _embedded(*args: str) -> Run:
-    run = _embed(*args)
+def _embedded(*args: str) -> EmbedRun:
+    run = run_embed(*args)
     assert run.code == 0, run.err
     assert "complete" in run.err.splitlines()[-1], run.err
     return run
 
 
-def _assert_left_nothing(run: Run) -> None:
+def _assert_left_nothing(run: EmbedRun) -> None:
     """No child process of `run`, and no /dev/shm folder of it, is left."""
     assert wait_until(lambda: not any(pid_alive(pid) for pid in run.children), 15), "a child outlived the job"
     assert not list(SHM_DIR.glob(f"infinity-emb-{run.pid}-*"))
@@ -110,7 +75,7 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, st
 
 
 @pytest.fixture(scope="module")
-def full_run(corpus, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Run]:
+def full_run(corpus, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, EmbedRun]:
     out = tmp_path_factory.mktemp("full") / "out"
     return out, _embedded(str(corpus[0]), str(out), "--rows-per-part", str(ROWS_PER_PART))
 
@@ -166,7 +131,7 @@ def test_a_changed_option_is_refused_and_nothing_changes(corpus, full_run, flags
     out, _ = full_run
     before = {name: (stamp, (out / name).read_bytes()) for name, stamp in _files(out).items()}
     args = ["--rows-per-part", str(ROWS_PER_PART), *flags] if "--rows-per-part" not in flags else flags
-    run = _embed(str(corpus[0]), str(out), *args)
+    run = run_embed(str(corpus[0]), str(out), *args)
     assert run.code == 2, run.err
     assert "holds another job" in run.err and said in run.err, run.err
     assert {name: (stamp, (out / name).read_bytes()) for name, stamp in _files(out).items()} == before
@@ -176,7 +141,7 @@ def test_two_shards_write_the_rows_of_one_run(corpus, full_run, tmp_path: Path) 
     folder, _ = corpus
     whole, _ = full_run
     out = tmp_path / "out"
-    first = _embed(str(folder), str(out), "--rows-per-part", str(ROWS_PER_PART), "--shard", "0/2")
+    first = run_embed(str(folder), str(out), "--rows-per-part", str(ROWS_PER_PART), "--shard", "0/2")
     assert first.code == 0, first.err
     assert "other shards' parts outstanding" in first.err
     units = len(json.loads((out / "manifest.json").read_text())["job"]["units"])
@@ -201,7 +166,7 @@ def test_killed_and_run_again_every_row_once_no_part_rewritten(tmp_path: Path) -
                    source)
     out = tmp_path / "out"
     args = (str(source), str(out), "--rows-per-part", str(ROWS_PER_PART))
-    proc = _start(*args)
+    proc = start_embed(*args)
     children: set[int] = set()
 
     def first_part() -> bool:
@@ -212,7 +177,7 @@ def test_killed_and_run_again_every_row_once_no_part_rewritten(tmp_path: Path) -
     assert wait_until(first_part, 180, 0.01), "no part within 180 s"
     proc.send_signal(signal.SIGKILL)
     proc.wait(10)
-    killed = Run(proc.returncode, "", proc.pid, children)
+    killed = EmbedRun(proc.returncode, "", proc.pid, children)
     assert wait_until(lambda: not any(pid_alive(pid) for pid in children), 15), "a child outlived SIGKILL"
     finished = {name: stamp for name, stamp in _files(out).items() if name.startswith("part-")}
     units = (count + ROWS_PER_PART - 1) // ROWS_PER_PART
