@@ -57,6 +57,8 @@ class JobOptions(msgspec.Struct, frozen=True):
 
 @dataclass
 class Summary:
+    """What one run did (this shard's units not done before it), as printed at the end."""
+
     rows: int = 0
     errors: int = 0
     tokens: int = 0
