@@ -35,6 +35,7 @@ from infinity.api.types.embeddings import EmbeddingRequest, EmbeddingResponse
 from infinity.client.engine_client import EngineClient, ServingError
 from infinity.client.topology import ServedModel
 from infinity.config import Config
+from infinity.corpus.encoder import TRANSIENT
 from infinity.shared.kinds import KINDS
 from infinity.shared.protocol import ErrorKind, ModelSpec
 
@@ -43,8 +44,6 @@ log = logging.getLogger(__name__)
 URLS = ("/v1/embeddings", "/embeddings")
 IN_FLIGHT = 16  # requests run at once
 _WINDOW = 4 * IN_FLIGHT  # requests begun but not yet written: a slow one holds back the file's order only so far
-# Kinds that say nothing of the request: the job itself filled the model, so it waits and tries again.
-_TRANSIENT = {ErrorKind.OVERLOADED, ErrorKind.MODEL_NOT_READY, ErrorKind.NOT_READY}
 _TRANSIENT_TRIES = 50
 
 
@@ -164,7 +163,7 @@ class Answerer:
             try:
                 return await self._embedder.embeddings(self._model, request)
             except ServingError as exc:
-                retry = exc.kind in _TRANSIENT or (exc.kind == ErrorKind.WORKER_DIED and not crashed)
+                retry = exc.kind in TRANSIENT or (exc.kind == ErrorKind.WORKER_DIED and not crashed)
                 if not retry or attempt == _TRANSIENT_TRIES - 1:
                     raise
                 crashed |= exc.kind == ErrorKind.WORKER_DIED

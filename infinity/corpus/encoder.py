@@ -18,7 +18,7 @@ from infinity.config import Config
 from infinity.shared.protocol import ErrorKind, ModelInfo, ModelSpec
 
 # Kinds that say nothing of the inputs: wait for the model and try again.
-_TRANSIENT = {ErrorKind.OVERLOADED, ErrorKind.MODEL_NOT_READY, ErrorKind.NOT_READY}
+TRANSIENT = {ErrorKind.OVERLOADED, ErrorKind.MODEL_NOT_READY, ErrorKind.NOT_READY}
 _READY_TIMEOUT_S = 600.0
 _TRANSIENT_TRIES = 20
 
@@ -33,6 +33,17 @@ class Encoded:
     costs: list[int] = field(default_factory=list)
     cut: list[bool] = field(default_factory=list)
     failed: dict[int, tuple[str, str]] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, count: int) -> Encoded:
+        """`count` inputs, none encoded yet."""
+        return cls([None] * count, [0] * count, [False] * count)
+
+    def take(self, positions: list[int], outputs: list[np.ndarray | None], costs: list[int],
+             cut: list[bool]) -> None:
+        """Record the outputs of the inputs at `positions`, in that order."""
+        for j, position in enumerate(positions):
+            self.outputs[position], self.costs[position], self.cut[position] = outputs[j], costs[j], cut[j]
 
 
 class Encoder:
@@ -59,7 +70,7 @@ class Encoder:
     async def encode(self, inputs: list[str | bytes], medium: str = "text") -> Encoded:
         """The outputs of `inputs`: texts, or for `medium` "image"/"audio" the bytes of each
         (or an http(s) URL or data: URI)."""
-        encoded = Encoded([None] * len(inputs), [0] * len(inputs), [False] * len(inputs))
+        encoded = Encoded.of(len(inputs))
         if medium != "text":
             inputs = await self._fetched(inputs, encoded)
         positions = [i for i in range(len(inputs)) if i not in encoded.failed]
@@ -78,12 +89,9 @@ class Encoder:
             async with slots:
                 return await self.encode([inputs[i] for i in chunk], medium)  # type: ignore[misc]
 
-        merged = Encoded([None] * len(inputs), [0] * len(inputs), [False] * len(inputs))
+        merged = Encoded.of(len(inputs))
         for chunk, result in zip(chunks, await asyncio.gather(*(batch(chunk) for chunk in chunks))):
-            for j, position in enumerate(chunk):
-                merged.outputs[position] = result.outputs[j]
-                merged.costs[position] = result.costs[j]
-                merged.cut[position] = result.cut[j]
+            merged.take(chunk, result.outputs, result.costs, result.cut)
             merged.failed.update({chunk[j]: reason for j, reason in result.failed.items()})
         return merged
 
@@ -115,10 +123,7 @@ class Encoder:
                                    for p, item in zip(positions, inputs)))
             return
         outputs, costs, cut = result
-        for j, position in enumerate(positions):
-            encoded.outputs[position] = outputs[j]
-            encoded.costs[position] = costs[j]
-            encoded.cut[position] = j in cut
+        encoded.take(positions, outputs, costs, [j in cut for j in range(len(positions))])
 
     async def _run(self, inputs: list[str | bytes], medium: str,
                    retry_crash: bool) -> tuple[list[np.ndarray], list[int], set[int]]:
@@ -131,7 +136,7 @@ class Encoder:
             try:
                 result = await self._client.run(self.model, model_inputs)
             except ServingError as exc:
-                if exc.kind in _TRANSIENT or (exc.kind == ErrorKind.WORKER_DIED and retry_crash and crashes == 0):
+                if exc.kind in TRANSIENT or (exc.kind == ErrorKind.WORKER_DIED and retry_crash and crashes == 0):
                     crashes += exc.kind == ErrorKind.WORKER_DIED
                     await self._ready()
                     continue
