@@ -60,6 +60,14 @@ def tokenizer_costs(mib: int) -> dict[str, float]:
     return costs
 
 
+def print_report(report: dict[str, object], path: Path | None) -> None:
+    """Print `report` as JSON, and write it to `path` if one is given."""
+    print(json.dumps(report, indent=1))
+    if path:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(report, indent=1))
+
+
 def start_server(cwd: Path, port: int, log: Path) -> subprocess.Popen:
     process = subprocess.Popen([sys.executable, "-m", "infinity", "serve", "--host", "127.0.0.1",
                                 "--port", str(port)], cwd=cwd, stdout=log.open("wb"), stderr=subprocess.STDOUT,
@@ -161,10 +169,7 @@ def main() -> None:
     finally:
         server.terminate()
         server.wait(60)
-    print(json.dumps(report, indent=1))
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(report, indent=1))
+    print_report(report, args.json)
 
 
 if __name__ == "__main__":

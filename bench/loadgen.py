@@ -149,6 +149,7 @@ async def _worker(
     deadline: float,
     records: list[tuple[float, float, bool]],
     errors: list[str],
+    think: float = 0.0,
 ) -> None:
     while time.perf_counter() < deadline:
         body, check = next_request()
@@ -168,6 +169,8 @@ async def _worker(
         if not ok:
             # Do not spin on a server that refuses connections.
             await asyncio.sleep(0.05)
+        elif think:
+            await asyncio.sleep(think)
 
 
 async def closed_loop(
@@ -179,10 +182,11 @@ async def closed_loop(
     duration: float,
     warmup: float,
     timeout: float,
+    think: float = 0.0,
 ) -> Window:
     """``concurrency`` workers POST ``next_request()`` bodies to ``url + route`` back to
-    back for ``warmup + duration`` seconds; the requests that complete in the last
-    ``duration`` seconds are measured."""
+    back (or ``think`` seconds after each answer) for ``warmup + duration`` seconds; the
+    requests that complete in the last ``duration`` seconds are measured."""
     endpoint = f"{check_loopback(url)}{route}"
     records: list[tuple[float, float, bool]] = []
     errors: list[str] = []
@@ -192,7 +196,7 @@ async def closed_loop(
         measure_from = time.perf_counter() + warmup
         measure_to = measure_from + duration
         workers = [
-            _worker(session, endpoint, next_request, measure_to, records, errors)
+            _worker(session, endpoint, next_request, measure_to, records, errors, think)
             for _ in range(concurrency)
         ]
         await asyncio.gather(*workers)

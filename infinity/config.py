@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import tomllib
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 
@@ -93,6 +93,9 @@ class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     tokenizer_workers: int = 0
     # Items (sentences) waiting or running per model; beyond it requests get 429.
     max_queued_items: int = 4096
+    # Of those, items of less urgent requests (priority above 0) at most, so that bulk work
+    # cannot fill the queue that queries need; beyond it they get 429. 0: half of max_queued_items.
+    max_queued_items_low_priority: int = 0
     max_items_per_request: int = 2048
     max_request_bytes: int = 16 * 1024 * 1024
     # Seconds a client may take to send a request's headers, and its whole body; an idle
@@ -125,6 +128,32 @@ class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
                     "header_timeout", "body_timeout", "keepalive_timeout", "shutdown_timeout"):
             if getattr(self, key) <= 0:
                 raise ConfigError(f"server.{key} must be positive")
+        if not 0 <= self.max_queued_items_low_priority <= self.max_queued_items:
+            raise ConfigError("server.max_queued_items_low_priority must be between 0 (half of max_queued_items) "
+                              "and max_queued_items")
+
+    @property
+    def low_priority_items(self) -> int:
+        """Items of less urgent requests (priority above 0) a model may hold at once."""
+        return self.max_queued_items_low_priority or max(self.max_queued_items // 2, 1)
+
+
+# Request priorities (lower is served first, as in vLLM), in the bounds every route takes.
+MIN_PRIORITY, MAX_PRIORITY = -100, 100
+Priority = Annotated[int, msgspec.Meta(ge=MIN_PRIORITY, le=MAX_PRIORITY)]
+
+
+class ApiKey(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    """One `[[api_keys]]` entry: a key clients may send beside `server.api_key`, and the
+    priority of its requests that name none (an ingest key at 1 puts bulk clients behind
+    queries without changing them)."""
+
+    key: str
+    priority: Priority = 0
+
+    def __post_init__(self) -> None:
+        if not self.key:
+            raise ConfigError("api_keys.key must not be empty")
 
 
 class MediaConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
@@ -191,6 +220,13 @@ class Config(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     models: list[ModelConfig] = msgspec.field(default_factory=list)
     media: MediaConfig = msgspec.field(default_factory=MediaConfig)
     embed: EmbedConfig = msgspec.field(default_factory=EmbedConfig)
+    api_keys: list[ApiKey] = msgspec.field(default_factory=list)
+
+    def key_priorities(self) -> dict[str, int]:
+        """Every key a client may send, with the priority of its requests that name none."""
+        keys = {} if self.server.api_key is None else {self.server.api_key: 0}
+        keys.update((entry.key, entry.priority) for entry in self.api_keys)
+        return keys
 
 
 # Every server key may be set from the environment as INFINITY_<KEY>.

@@ -2,7 +2,8 @@
 OpenAPI document is built too) served under `/v1` and without it (as infinity does),
 below the configured `url_prefix`; the JSON error and auth middlewares; the engine
 client's start and stop. A route's handler gets its request body decoded into the
-route's request type and returns an instance of its response type.
+route's request type and returns an instance of its response type; it runs at the
+request's priority: the body's `priority`, else its API key's.
 """
 
 from __future__ import annotations
@@ -20,18 +21,19 @@ from typing import Any
 
 import msgspec
 from aiohttp import hdrs, web
-from msgspec import Struct
+from msgspec import UNSET, Struct
 
 from infinity.api import openapi
 from infinity.config import Config
 from infinity.api.connections import BODY, Handler, track_request
 from infinity.api.errors import APIError, ServingError, error_response, from_kind
-from infinity.client.engine_client import EngineClient, StartupError
+from infinity.client.engine_client import EngineClient, StartupError, at_priority
 from infinity.api.routes import ROUTES, Route
 from infinity.api.media_fetch import MediaFetcher
-from infinity.api.metrics import METRICS, Metrics, record_request, serve_metrics
+from infinity.api.metrics import METRICS, PRIORITY, Metrics, record_request, serve_metrics
 from infinity.api.routes.common import CONFIG, ENGINE_CLIENT, FETCHER, KIND_ROUTES
 from infinity.api.decode import decode_body
+from infinity.api.types.common import ModelRequest
 from infinity.shared.kinds import KINDS
 from infinity.shared.protocol import ModelSpec
 from infinity.client.supervisor import Launch, spawn_process
@@ -53,7 +55,7 @@ def create_app(config: Config, specs: list[ModelSpec], launch: Launch = spawn_pr
     metrics = Metrics(client, version("infinity-serve"))
     app = web.Application(
         client_max_size=server.max_request_bytes,
-        middlewares=[record_request(metrics), _json_errors, _authorization(server.api_key), track_request],
+        middlewares=[record_request(metrics), _json_errors, _authorization(config.key_priorities()), track_request],
     )
     app[CONFIG] = config
     app[ENGINE_CLIENT] = client
@@ -72,7 +74,7 @@ def create_app(config: Config, specs: list[ModelSpec], launch: Launch = spawn_pr
         if spec.name not in names.setdefault(spec.kind, []):
             names[spec.kind].append(spec.name)
     document = openapi.document([route.operation for route in ROUTES], "infinity-serve", version("infinity-serve"),
-                                names, server.url_prefix, api_key=server.api_key is not None)
+                                names, server.url_prefix, api_key=bool(config.key_priorities()))
     app[OPENAPI] = msgspec.json.encode(document)
     app[DOCS] = openapi.render_html(document)
     app.router.add_get(f"{server.url_prefix}/openapi.json", _serve_openapi)
@@ -91,7 +93,10 @@ def _handler(route: Route) -> Handler:
 
     async def handle(request: web.Request) -> web.Response:
         body = await _read(request, op.body, op.media) if op.body is not None else None
-        answer = await route.serve(request, body)
+        if isinstance(body, ModelRequest):
+            request[PRIORITY] = request.get(KEY_PRIORITY, 0) if body.priority is UNSET else body.priority
+        with at_priority(request.get(PRIORITY, 0)):
+            answer = await route.serve(request, body)
         assert isinstance(answer, answer_class), f"{op.path} answered {type(answer).__name__}"
         return web.Response(body=msgspec.json.encode(answer), content_type="application/json")
 
@@ -142,16 +147,24 @@ def _http_error(request: web.Request, exc: web.HTTPException) -> APIError:
     return APIError(exc.status, exc.reason)
 
 
-def _authorization(api_key: str | None) -> Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]:
-    expected = f"Bearer {api_key}".encode() if api_key else None
+# The priority of requests that name none, from the API key they were sent with.
+KEY_PRIORITY = web.RequestKey("key_priority", int)
+
+
+def _authorization(keys: dict[str, int]) -> Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]:
+    """Require one of `keys` (none: no key) and note its priority for the request."""
+    expected = [(f"Bearer {key}".encode(), priority) for key, priority in keys.items()]
 
     @web.middleware
     async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if expected is not None and not request.path.endswith(openapi.KEYLESS_PATHS):
+        if expected and not request.path.endswith(openapi.KEYLESS_PATHS):
             given = request.headers.get("Authorization", "").encode()
-            if not hmac.compare_digest(given, expected):
+            # Every key compared in full, so the time taken tells nothing of which was close.
+            matches = [priority for key, priority in expected if hmac.compare_digest(given, key)]
+            if not matches:
                 raise APIError(401, "missing or wrong API key: send 'Authorization: Bearer <key>'",
                                code="invalid_api_key")
+            request[KEY_PRIORITY] = matches[0]
         return await handler(request)
 
     return check

@@ -1,7 +1,7 @@
 """Prometheus metrics at `GET /metrics`, in the text exposition format.
 
 The front end owns the registry, one per server. What it sees of each HTTP request (route,
-model, status, duration) is recorded by the `record_request` middleware; what the engine client
+model, priority, status, duration) is recorded by the `record_request` middleware; what the engine client
 counts (inputs, tokens, truncated inputs, queue slots in use, child restarts, readiness)
 is read from it when scraped; inference processes report each batch they run
 (`protocol.BatchRan`: its size, tokens, the inputs' waits, its time), observed here, so
@@ -24,6 +24,7 @@ from infinity.client.engine_client import EngineClient
 from infinity.shared import protocol
 
 MODEL = web.RequestKey("model", str)  # the model a route served (set by `served_model`)
+PRIORITY = web.RequestKey("priority", int)  # the priority a route ran at (set by the app's handler)
 # Seconds: from a lone short sentence (a few ms) to large batches and image requests.
 DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 # A pass: from one input of a few tokens to max_batch_size x max_length.
@@ -35,12 +36,13 @@ class Metrics:
 
     def __init__(self, client: EngineClient, version: str) -> None:
         self.registry = CollectorRegistry()
-        self.requests = Counter("infinity_requests", "HTTP requests answered, by route, model and status",
-                                ["route", "model", "status"], registry=self.registry)
+        self.requests = Counter("infinity_requests", "HTTP requests answered, by route, model, priority and status",
+                                ["route", "model", "priority", "status"], registry=self.registry)
         self.duration = Histogram("infinity_request_duration_seconds", "Time from a request's headers to its answer",
-                                  ["route", "model"], buckets=DURATION_BUCKETS, registry=self.registry)
+                                  ["route", "model", "priority"], buckets=DURATION_BUCKETS, registry=self.registry)
         self.queue_time = Histogram("infinity_queue_duration_seconds", "Time an input waited in its inference "
-                                    "process for a batch", ["model"], buckets=DURATION_BUCKETS, registry=self.registry)
+                                    "process for a batch", ["model", "priority"], buckets=DURATION_BUCKETS,
+                                    registry=self.registry)
         self.inference_time = Histogram("infinity_inference_duration_seconds", "Time of one batch's forward pass and "
                                         "head", ["model"], buckets=DURATION_BUCKETS, registry=self.registry)
         self.batch_size = Histogram("infinity_batch_size", "Inputs per batch", ["model"], buckets=BATCH_SIZE_BUCKETS,
@@ -54,9 +56,8 @@ class Metrics:
         self.inference_time.labels(batch.model).observe(batch.seconds)
         self.batch_size.labels(batch.model).observe(batch.inputs)
         self.batch_tokens.labels(batch.model).observe(batch.tokens)
-        waits = self.queue_time.labels(batch.model)
-        for wait in batch.waits:
-            waits.observe(wait)
+        for wait, priority in zip(batch.waits, batch.priorities or [0] * len(batch.waits)):
+            self.queue_time.labels(batch.model, str(priority)).observe(wait)
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
@@ -88,6 +89,10 @@ class _EngineClientCollector:
                                         "(429 once every slot is in use)", labels=["model"]),
             "slots": GaugeMetricFamily("infinity_queue_slots", "Inputs a model may hold at once (max_queued_items)",
                                        labels=["model"]),
+            "by_priority": GaugeMetricFamily("infinity_queue_slots_in_use_by_priority", "Inputs admitted and not yet "
+                                             "answered, by the priority of their requests (those above 0 get 429 "
+                                             "beyond max_queued_items_low_priority together)",
+                                             labels=["model", "priority"]),
         }
         for model in self._client.models.values():
             name = model.spec.name
@@ -99,6 +104,8 @@ class _EngineClientCollector:
             families["truncated"].add_metric([name], model.served.truncated)
             families["in_use"].add_metric([name], model.pool.capacity - model.pool.free)
             families["slots"].add_metric([name], model.pool.capacity)
+            for priority, count in sorted(model.pool.held.items()):
+                families["by_priority"].add_metric([name, str(priority)], count)
         yield info
         yield from families.values()
         restarts = CounterMetricFamily("infinity_child_restarts", "Child processes restarted after they died",
@@ -126,9 +133,9 @@ def record_request(metrics: Metrics) -> Callable[[web.Request, Handler], Awaitab
         finally:
             resource = request.match_info.route.resource
             route = resource.canonical if resource is not None else "unmatched"
-            model = request.get(MODEL, "")
-            metrics.requests.labels(route, model, str(status)).inc()
-            metrics.duration.labels(route, model).observe(time.perf_counter() - start)
+            model, priority = request.get(MODEL, ""), str(request.get(PRIORITY, ""))
+            metrics.requests.labels(route, model, priority, str(status)).inc()
+            metrics.duration.labels(route, model, priority).observe(time.perf_counter() - start)
 
     return record
 

@@ -12,13 +12,19 @@ the inference queue. Slots return to the pool only when no process can still wri
 
 A model placed on several devices keeps serving on its other replicas while one is
 restarted; `/health` says ready only when every process is (a replica short, it is 503).
+
+A request runs at the priority of its context (`at_priority`; lower is served first):
+the inference process serves more urgent requests first, and admission keeps room for
+them, since less urgent requests (priority above 0) may hold only part of a model's slots.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable, Iterator
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -51,6 +57,22 @@ INLINE_MAX_CHARS = 256
 # has nothing else to do meanwhile, and the two hops to a tokenizer process and back cost
 # a lone request more than that (bench/results/lone-request.md#the-lone-request-hand-offs).
 INLINE_IDLE_MAX_CHARS = 4096
+
+
+# The priority of the request being served, set where a request enters (the HTTP handler,
+# from its body or its API key; a corpus job, from its options) and read by
+# `EngineClient.run`, so that the code between needs not carry it.
+_PRIORITY: ContextVar[int] = ContextVar("request_priority", default=0)
+
+
+@contextlib.contextmanager
+def at_priority(priority: int) -> Iterator[None]:
+    """Run the requests made inside the block (and in tasks started there) at `priority`."""
+    token = _PRIORITY.set(priority)
+    try:
+        yield
+    finally:
+        _PRIORITY.reset(token)
 
 
 class StartupError(RuntimeError):
@@ -92,6 +114,7 @@ class _Pending:
     slots: list[int]
     future: asyncio.Future[Result]
     holder: Child | None  # None: tokenized in the front end, not yet sent anywhere
+    priority: int = 0
     replica: Replica | None = None  # where it was sent to run
     costs: list[int] = field(default_factory=list)  # each input's tokens (or a medium's cost)
     billed: int = 0
@@ -226,10 +249,8 @@ class EngineClient:
                                f"model '{model.spec.name}' is not ready yet; retry shortly")
         inline = self._inline.get(model.spec.name) if _tokenized_here(inputs, idle=not self._pending) else None
         tokenizer = None if inline is not None else self._pick_tokenizer()
-        slots = model.pool.take(len(inputs))
-        if slots is None:
-            raise ServingError(protocol.ErrorKind.OVERLOADED, f"model '{model.spec.name}' has "
-                               f"{model.pool.capacity - model.pool.free} inputs queued, its limit; retry later")
+        priority = _PRIORITY.get()
+        slots = self._admit(model, len(inputs), priority)
         self._next_id += 1
         limit = model.spec.max_input_chars
         request = protocol.Tokenize(self._next_id, model.spec.name, _within(inputs.texts, limit), inputs.token_ids,
@@ -242,7 +263,8 @@ class EngineClient:
                 model.pool.give_back(slots)
                 raise
             self._outstanding[tokenizer.name] += 1
-        pending = _Pending(self._next_id, model, slots, asyncio.get_running_loop().create_future(), tokenizer)
+        pending = _Pending(self._next_id, model, slots, asyncio.get_running_loop().create_future(), tokenizer,
+                           priority)
         self._pending[pending.request_id] = pending
         if inline is not None:
             answer = reply(inline.tokenize, request)
@@ -252,6 +274,19 @@ class EngineClient:
         except asyncio.CancelledError:
             self._abandon(pending)
             raise
+
+    def _admit(self, model: ServedModel, count: int, priority: int) -> list[int]:
+        """Slots for a request of `count` inputs at `priority`, or `OVERLOADED`: the model's
+        queue is full, or (priority above 0) its share for less urgent requests is."""
+        pool = model.pool
+        if priority > 0 and pool.held_from(1) + count > self._server.low_priority_items:
+            raise ServingError(protocol.ErrorKind.OVERLOADED, f"model '{model.spec.name}' holds "
+                               f"{pool.held_from(1)} inputs of priority above 0, their limit; retry later")
+        slots = pool.take(count, priority)
+        if slots is None:
+            raise ServingError(protocol.ErrorKind.OVERLOADED, f"model '{model.spec.name}' has "
+                               f"{pool.capacity - pool.free} inputs queued, its limit; retry later")
+        return slots
 
     def _pick_tokenizer(self) -> Child:
         ready = [child for child in self.tokenizers if child.ready]
@@ -318,7 +353,8 @@ class EngineClient:
         pending.holder = replica.child
         pending.replica = replica
         replica.outstanding += len(pending.slots)
-        replica.child.send(protocol.Infer(message.request_id, model.spec.name, pending.slots, message.inputs))
+        replica.child.send(protocol.Infer(message.request_id, model.spec.name, pending.slots, message.inputs,
+                                          pending.priority))
 
     def _on_done(self, message: protocol.Done) -> None:
         pending = self._take(message.request_id)

@@ -251,12 +251,13 @@ class Tokenized(msgspec.Struct, tag=True, array_like=True):
 
 class Infer(msgspec.Struct, tag=True, array_like=True):
     """Run the model on the inputs of a request; the output of input i goes to arena slot
-    `slots[i]`."""
+    `slots[i]`; `priority`: lower is served first."""
 
     request_id: int
     model: str
     slots: list[int]
     inputs: Inputs
+    priority: int = 0
 
 
 class Cancel(msgspec.Struct, tag=True, array_like=True):
@@ -331,13 +332,15 @@ class StartupFailed(msgspec.Struct, tag=True, array_like=True):
 class BatchRan(msgspec.Struct, tag=True, array_like=True):
     """An inference process ran one batch of `model`: how many inputs, its padded tokens
     (an image batch: its patches), how long each input waited in the process's queue and
-    how long the forward pass and head took, in seconds (for the metrics)."""
+    how long the forward pass and head took, in seconds, and each input's priority (for
+    the metrics)."""
 
     model: str
     inputs: int
     tokens: int
     waits: list[float]
     seconds: float
+    priorities: list[int] = []
 
 
 Message = Tokenize | Tokenized | Infer | Cancel | Done | Failed | Ready | StartupFailed | BatchRan

@@ -26,7 +26,7 @@ import mmap
 import os
 import secrets
 import shutil
-from collections import deque
+from collections import Counter, deque
 from pathlib import Path
 
 import numpy as np
@@ -138,22 +138,37 @@ def remove(name: str) -> None:
 
 
 class SlotPool:
-    """Free rows of one arena, allocated by the front end (one thread, no locking)."""
+    """Free rows of one arena, allocated by the front end (one thread, no locking), and
+    how many rows the requests of each priority hold."""
 
     def __init__(self, slots: int) -> None:
         self._free: deque[int] = deque(range(slots))
+        self._priority_of = [0] * slots  # of the request holding each row
+        self.held: Counter[int] = Counter()  # rows taken, by the priority of their requests
         self.capacity = slots
 
     @property
     def free(self) -> int:
         return len(self._free)
 
-    def take(self, n: int) -> list[int] | None:
-        """`n` rows, or None when fewer are free (the caller answers 429)."""
+    def held_from(self, priority: int) -> int:
+        """Rows held by requests of `priority` or a less urgent one (a higher number)."""
+        return sum(count for held_by, count in self.held.items() if held_by >= priority)
+
+    def take(self, n: int, priority: int = 0) -> list[int] | None:
+        """`n` rows for a request of `priority`, or None when fewer are free (the caller
+        answers 429)."""
         if n > len(self._free):
             return None
         pop = self._free.popleft
-        return [pop() for _ in range(n)]
+        slots = [pop() for _ in range(n)]
+        for slot in slots:
+            self._priority_of[slot] = priority
+        self.held[priority] += n
+        return slots
 
     def give_back(self, slots: list[int]) -> None:
+        held = self.held
+        for slot in slots:
+            held[self._priority_of[slot]] -= 1
         self._free.extend(slots)

@@ -24,7 +24,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from infinity.api.app import create_app
 from infinity.client.topology import INFERENCE_ENTRY_POINT, TOKENIZER_ENTRY_POINT
-from infinity.config import Config, ModelConfig, ServerConfig
+from infinity.config import ApiKey, Config, ModelConfig, ServerConfig
 from infinity.folders.resolve import resolve_replicas
 from infinity.shared.channel import ChannelToFront
 from infinity.shared.kinds import KINDS, TEXT, RawOutput
@@ -202,11 +202,11 @@ class ThreadLauncher:
 
 @contextlib.asynccontextmanager
 async def serving(launcher: ThreadLauncher | None = None, model: ModelConfig | list[ModelConfig] | None = None,
-                  **server_settings: object) -> AsyncIterator[TestClient]:
+                  api_keys: list[ApiKey] | None = None, **server_settings: object) -> AsyncIterator[TestClient]:
     """An HTTP client of a server of `model`, or of each model of a list (the default
     model, named "m"), its children in threads, ready."""
     models = model if isinstance(model, list) else [model or ModelConfig(name="m", engine="torch")]
-    config = Config(server=ServerConfig(**server_settings), models=models)
+    config = Config(server=ServerConfig(**server_settings), models=models, api_keys=api_keys or [])
     specs = [spec for model in config.models for spec in resolve_replicas(model)]
     app = create_app(config, specs, launch=launcher or ThreadLauncher())
     async with TestClient(TestServer(app)) as client:

@@ -364,9 +364,10 @@ def test_a_lane_writes_vectors_then_reports_done_or_the_failure():
     scheduler, channel = _scheduler(max_size=1), _Channel()
     queue = _Queue(_model(_Engine()), _Arena(), False, partial(collate_tokens, pad_id=0), False)
     scheduler.submit(1, "m", [10, 11], [1, 1], [TokenItem(np.array([7], np.int32)), TokenItem(np.array([13], np.int32))])
-    scheduler.submit(2, "m", [12], [1], [TokenItem(np.array([5], np.int32))])
-    for _ in range(3):  # 7 is written, then the batch of 13 fails and with it request 1, then 5
+    for _ in range(2):  # 7 is written, then the batch of 13 fails and with it request 1
         _run(scheduler.next_batch(), queue, scheduler, channel)
+    scheduler.submit(2, "m", [12], [1], [TokenItem(np.array([5], np.int32))])
+    _run(scheduler.next_batch(), queue, scheduler, channel)
     arena = queue.arena
     answers = [message for message in channel.sent if not isinstance(message, protocol.BatchRan)]
     assert answers == [protocol.Failed(1, protocol.ErrorKind.INTERNAL, "inference failed: bad batch"), protocol.Done(2)]
@@ -422,12 +423,16 @@ def _express_in_thread(scheduler: Scheduler) -> tuple[threading.Thread, list]:
     return thread, got
 
 
-def _busy_lanes(scheduler: Scheduler, passes: list[int | list[int]]) -> list:
-    """One pass per entry (an input's length, or a request's), each on its own lane, cut
-    one after another."""
+def _busy_lanes(scheduler: Scheduler, passes: list[int | list[int] | tuple[int, ...]]) -> list:
+    """One pass per entry (an input's length, a request's inputs, or a tuple: requests of
+    one input each), each on its own lane, cut one after another."""
     running = []
-    for request_id, lengths in enumerate(passes, start=100):
-        _submit(scheduler, request_id, lengths if isinstance(lengths, list) else [lengths])
+    for index, lengths in enumerate(passes):
+        if isinstance(lengths, tuple):
+            for offset, length in enumerate(lengths):
+                _submit(scheduler, 100 + 20 * index + offset, [length])
+        else:
+            _submit(scheduler, 100 + 20 * index, lengths if isinstance(lengths, list) else [lengths])
         running.append(scheduler.next_batch())
     return running
 
@@ -446,10 +451,22 @@ def test_the_express_lane_takes_a_small_request_whole_while_every_lane_runs_a_lo
     assert [request.request_id for request in scheduler.finish(batch)] == [1]
 
 
+def test_the_express_lane_takes_a_small_request_while_every_lane_runs_a_large_requests_inputs():
+    # A pass of five 30-token inputs of one request (10 + 5 x 30 = 160) is a batch train:
+    # a request costing under a quarter of it does not wait for the train to pass.
+    scheduler = _scheduler(overhead=10, lanes=2, express=True)
+    thread, got = _express_in_thread(scheduler)
+    _busy_lanes(scheduler, [100, [30] * 5])
+    _submit(scheduler, 1, [8, 7])
+    thread.join(5)
+    (batch,) = got
+    assert batch.express and [item.request.request_id for item in batch.items] == [1, 1]
+
+
 @pytest.mark.parametrize("running, lengths", [
     ([100], [8, 7]),  # a lane is free: the request is the lanes' to take
     ([100, 60], [8, 7]),  # one pass is short (10 + 60 < 8 x 10)
-    ([100, [30] * 10], [8, 7]),  # one is long by its many short inputs only
+    ([100, (30,) * 5], [8, 7]),  # one is long by holding many small requests only
     ([100, 100], [30]),  # the request (10 + 30) costs over a quarter of a pass (110)
     ([100, 100], [5] * 6),  # six inputs: 10 + 6 x 5 = 40, over a quarter
 ])

@@ -50,11 +50,23 @@ def test_model_flag_replaces_the_file_models(tmp_path):
     ("[media]\nfetch_timeout = 0\n", "media.fetch_timeout"),
     ("[media]\nmax_redirects = -1\n", "media.max_redirects"),
     ("[media]\nfetch_url = false\n", "fetch_url"),
+    ("[server]\nmax_queued_items = 8\nmax_queued_items_low_priority = 9\n", "server.max_queued_items_low_priority"),
+    ("[[api_keys]]\nkey = 'k'\npriority = 101\n", "priority"),
+    ("[[api_keys]]\nkey = ''\n", "api_keys.key"),
 ])
 def test_bad_config_names_the_key(tmp_path, text, key):
     with pytest.raises(ConfigError) as error:
         load_config(_toml(tmp_path, text), env={})
     assert key in str(error.value)
+
+
+def test_api_keys_and_the_low_priority_share(tmp_path):
+    text = "[server]\napi_key = 'q'\nmax_queued_items = 100\n[[api_keys]]\nkey = 'ingest'\npriority = 1\n"
+    config = load_config(_toml(tmp_path, text), env={})
+    assert config.key_priorities() == {"q": 0, "ingest": 1}
+    assert config.server.low_priority_items == 50  # half of max_queued_items by default
+    assert load_config(env={"INFINITY_MAX_QUEUED_ITEMS_LOW_PRIORITY": "7"}).server.low_priority_items == 7
+    assert load_config(env={}).key_priorities() == {}
 
 
 def test_bad_env_value_names_the_key():

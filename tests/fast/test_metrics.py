@@ -39,18 +39,18 @@ def test_served_requests_move_the_counters():
             assert (await client.get("/no/such/path")).status == 404
             after = await _scrape(client)
             route = "/v1/embeddings"
-            assert _value(after, "infinity_requests_total", route=route, model="m", status="200") == 1
-            assert _value(after, "infinity_requests_total", route=route, model="m", status="422") == 1
-            assert _value(after, "infinity_requests_total", route=route, model="", status="404") == 1
-            assert _value(after, "infinity_requests_total", route="unmatched", model="", status="404") == 1
-            assert _value(after, "infinity_request_duration_seconds_count", route=route, model="m") == 2  # 200 and 422
+            assert _value(after, "infinity_requests_total", route=route, model="m", priority="0", status="200") == 1
+            assert _value(after, "infinity_requests_total", route=route, model="m", priority="0", status="422") == 1
+            assert _value(after, "infinity_requests_total", route=route, model="", priority="0", status="404") == 1
+            assert _value(after, "infinity_requests_total", route="unmatched", model="", priority="", status="404") == 1
+            assert _value(after, "infinity_request_duration_seconds_count", route=route, model="m", priority="0") == 2  # 200 and 422
             assert _value(after, "infinity_inputs_total", model="m") == 2
             assert _value(after, "infinity_prompt_tokens_total", model="m") > 256
             assert _value(after, "infinity_inputs_truncated_total", model="m") == 1
             assert _value(after, "infinity_queue_slots_in_use", model="m") == 0
             # The inference process's batches: both inputs, each waited once, in one pass or two.
             assert _value(after, "infinity_batch_size_sum", model="m") == 2
-            assert _value(after, "infinity_queue_duration_seconds_count", model="m") == 2
+            assert _value(after, "infinity_queue_duration_seconds_count", model="m", priority="0") == 2
             passes = _value(after, "infinity_inference_duration_seconds_count", model="m")
             assert passes in (1, 2) and _value(after, "infinity_batch_tokens_count", model="m") == passes
             assert _value(after, "infinity_batch_tokens_sum", model="m") >= 256 + 3
@@ -83,6 +83,6 @@ def test_metrics_need_no_api_key_and_count_the_refusals():
         async with serving(api_key="secret") as client:
             assert (await client.post("/v1/embeddings", json={"input": ["a"]})).status == 401
             samples = await _scrape(client)  # no Authorization header
-            assert _value(samples, "infinity_requests_total", route="/v1/embeddings", model="", status="401") == 1
+            assert _value(samples, "infinity_requests_total", route="/v1/embeddings", model="", priority="", status="401") == 1
 
     asyncio.run(test())

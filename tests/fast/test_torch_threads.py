@@ -97,11 +97,11 @@ def test_a_queue_in_lanes_runs_a_lanes_pass_on_its_share_and_a_wide_pass_on_ever
 
 
 def _engine(on_caller_threads: bool, lanes: int = 1, widens: bool = False) -> SimpleNamespace:
-    return SimpleNamespace(on_caller_threads=on_caller_threads, lanes=lanes, widens=widens)
+    return SimpleNamespace(on_caller_threads=on_caller_threads, lanes=lanes, widens=widens, express=False)
 
 
 def test_torch_on_a_cpu_runs_texts_in_a_single_threaded_lane_per_core():
-    assert text_lanes(_engine(True), threads=2) == TextLanes(2, True, (1, 2))
+    assert text_lanes(_engine(True), threads=2) == TextLanes(2, True, (1, 2), express=True)
     assert text_lanes(_engine(True), threads=1) == TextLanes(1, False, None)
     # Engines with threads of their own keep their lanes (CTranslate2's replicas, ONNX Runtime's runs).
     assert text_lanes(_engine(False, lanes=2, widens=True), threads=2) == TextLanes(2, True, None)

@@ -33,7 +33,9 @@ class TorchEngine:
     name = "torch"
     lanes = 1  # one pass at a time, on all its threads
     widens = False  # every pass is wide
-    express = False  # a second pass at once would share the threads of the first
+    # No express lane of its own: a second pass at once would share the threads of the
+    # first (on a CPU its text lanes have one: workers/inference/calibration.text_lanes).
+    express = False
 
     def __init__(self, spec: ModelSpec, threads: int, outputs: Mapping[str, RawOutput]) -> None:
         from transformers.utils import logging as transformers_logging

@@ -36,6 +36,7 @@ class TextLanes:
     count: int  # passes at once
     widens: bool  # a lone input while the other lanes idle runs on every thread
     threads: tuple[int, int] | None  # as `_Queue.threads`
+    express: bool = False  # one more pass may run beside the lanes (the scheduler's express lane)
 
 
 def text_lanes(engine: Engine, threads: int) -> TextLanes:
@@ -44,10 +45,11 @@ def text_lanes(engine: Engine, threads: int) -> TextLanes:
     thread, as CTranslate2 and ONNX Runtime run their replicas: served, two passes on one
     thread each beat one pass on both, whose threads wait on each other at every operator
     while the front end and the tokenizers take a core
-    (bench/results/lanes.md#text-lanes-on-torch)."""
+    (bench/results/lanes.md#text-lanes-on-torch). Such lanes also have an express lane:
+    one more single-threaded pass on the same weights, from its own thread."""
     if engine.on_caller_threads and engine.lanes == 1 and threads > 1:
-        return TextLanes(threads, True, (1, threads))
-    return TextLanes(engine.lanes, engine.widens, None)
+        return TextLanes(threads, True, (1, threads), express=True)
+    return TextLanes(engine.lanes, engine.widens, None, engine.express)
 
 
 # Media passes run in single-threaded lanes only where the same items through them take at
@@ -126,7 +128,7 @@ def warm_up(model: LoadedModel, max_length: int, lanes: TextLanes | None = None,
     passes are timed as a lane runs them (`lanes`: the model's, by default the engine's),
     and a wide pass runs where lanes run them (on `wide_runner`, for lanes of torch threads)."""
     engine = model.engine
-    lanes = lanes or TextLanes(engine.lanes, engine.widens, None)
+    lanes = lanes or TextLanes(engine.lanes, engine.widens, None, engine.express)
     on_lane = contextlib.nullcontext if lanes.threads is None else partial(torch_threads, lanes.threads[0])
 
     def forward(lengths: list[int], wide: bool = False, express: bool = False) -> Callable[[], object]:
@@ -149,8 +151,8 @@ def warm_up(model: LoadedModel, max_length: int, lanes: TextLanes | None = None,
             wide()
         else:
             on_threads(lanes.threads[1], wide, wide_runner)
-    if engine.express:
-        forward([max_length], express=True)()
+    if lanes.express:
+        lane_pass(forward([max_length], express=True))
     short, long = min(16, max_length), min(128, max_length)
     with on_lane():
         small, large, mixed = best_seconds([forward([short]), forward([long] * 4),

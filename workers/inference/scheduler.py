@@ -28,15 +28,30 @@ one input cut while every other lane waits idle runs as a wide pass, on every co
 model's engine can (`widens`); the other lanes take no work until it ends.
 
 An engine may also run one pass beyond its lanes (`express`): the express lane, for a
-small request while every lane of its model runs a pass made long by a long input.
-Without it a request of one or two sentences arriving behind long inputs (one input of
-256 tokens keeps a lane for tens of ms) waits for a lane to end before its own short pass
-starts. The express lane takes one request at a time, and only when the longest input of
-each running pass would alone make a long pass (at least `LONG_PASS_OVERHEADS` fixed
-costs) costing `OVERTAKE_FACTOR` times the request's own pass or more, and when the small
-requests waiting together cost no more than that. A pass long only by holding many short
-inputs, or many small requests waiting, are a stream of small work that the lanes batch
-better than one request at a time; so under loads of short inputs it stays idle.
+small request while every lane of its model runs a pass made long by a long input, or a
+pass of a far larger request's inputs (a batch train). Without it a request of one or two
+sentences arriving behind long inputs (one input of 256 tokens keeps a lane for tens of
+ms) or behind a bulk request waits for a lane to end before its own short pass starts.
+The express lane takes one request at a time, and only when each running pass costs
+`OVERTAKE_FACTOR` times the request's own pass or more by its longest input (which alone
+makes a long pass, at least `LONG_PASS_OVERHEADS` fixed costs) or by its smallest request
+(as one pass), and when the small requests waiting together cost no more than that. A
+pass long only by holding many small requests, or many small requests waiting, are a
+stream of small work that the lanes batch better than one request at a time; so under
+loads of small requests it stays idle.
+
+Requests carry a priority (lower is served first, as in vLLM). A batch is cut around an
+input of the most urgent class waiting. A request's class rises by one every `AGING_S`
+seconds it waits, so nothing starves. Within a class the order is fair between requests
+rather than first come, first served over inputs: each input gets a virtual start
+(`Item.tag`) in tokens' worth of work, a request's first input starting at the queue's
+virtual time (the tag of the last batch's anchor) and each next input after the cost of
+the ones before it, as in start-time fair queueing. A short request arriving behind a
+large one's batch train is thus next in turn; the large one's inputs keep their turns.
+A batch holds no input of a less urgent priority than its anchor's, nor of a request far
+larger (`_rides_with`), so a query's pass stays as short as its own inputs make it. Where
+every lane runs a pass of a less urgent priority, an urgent batch runs at once on the
+express lane (if the engine has one) instead of waiting for a lane.
 
 The scheduler is shared by the thread that receives requests and the lanes; one lock
 guards it.
@@ -48,7 +63,7 @@ import bisect
 import itertools
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -61,6 +76,7 @@ class PendingRequest:
     queue: str
     remaining: int
     cost: float = 0.0  # its inputs as one pass: fixed cost + padded tokens
+    priority: int = 0  # lower is served first
     cancelled: bool = False
     error: str | None = None  # why it failed; it is reported once none of its inputs runs
     # The outputs of a model whose outputs vary in size, by slot, until all are computed.
@@ -79,6 +95,11 @@ class Item:
     payload: object
     seq: int  # arrival order, for fairness
     arrived: float  # the scheduler's clock when it was queued
+    tag: float = 0.0  # its virtual start: its place in the fair order between requests
+
+    def urgency(self, now: float) -> int:
+        """Its class now: the request's priority, raised by one per `AGING_S` waited."""
+        return self.request.priority - int((now - self.arrived) / AGING_S)
 
 
 @dataclass
@@ -87,6 +108,8 @@ class Batch:
     items: list[Item]
     wide: bool = False  # run on every core: the other lanes are held idle for it
     express: bool = False  # run on the express lane, beside the queue's lanes
+    priority: int = 0  # its least urgent input's
+    running: RunningPass | None = None  # its record among its queue's passes (not for the express lane)
 
 
 @dataclass(frozen=True)
@@ -105,6 +128,19 @@ class QueuePolicy:
     express: bool = False  # its engine can run one more pass beside its lanes
 
 
+@dataclass(eq=False)
+class RunningPass:
+    """What the express lane needs to know of a pass running on a lane."""
+
+    longest: float  # its longest input alone, as `_longest_cost`
+    smallest_request: float  # the cost of its smallest request (`PendingRequest.cost`)
+    priority: int  # its least urgent input's
+
+    @classmethod
+    def of(cls, queue: _Queue, items: list[Item], priority: int) -> RunningPass:
+        return cls(_longest_cost(queue, items), min(item.request.cost for item in items), priority)
+
+
 @dataclass
 class _Queue:
     max_batch_tokens: int
@@ -114,10 +150,17 @@ class _Queue:
     lanes: int
     widens: bool
     express: bool
-    running: int = 0  # batches cut for its lanes and not yet finished
-    running_longest: list[float] = field(default_factory=list)  # theirs, as `_longest_cost`
-    # Waiting items sorted by (cost, seq); `oldest` finds the fairness anchor.
+    passes: list[RunningPass] = field(default_factory=list)  # batches cut for its lanes and not yet finished
+    # Waiting items (cost, seq, item) sorted by `_sort_key`; `_anchor` finds the one a batch is cut around.
     by_cost: list[tuple[int, int, Item]] = field(default_factory=list)
+    waiting_priorities: Counter[int] = field(default_factory=Counter)  # of the items in `by_cost`
+    virtual: float = 0.0  # the virtual time: the tag of the last batch's anchor
+
+    def remove(self, items: list[Item]) -> None:
+        """Take `items` out of the waiting ones."""
+        taken = set(map(id, items))
+        self.by_cost = [entry for entry in self.by_cost if id(entry[2]) not in taken]
+        self.waiting_priorities.subtract(item.request.priority for item in items)
 
 
 # A pass holds at most this many times its fixed cost in padded tokens (or one input
@@ -135,6 +178,11 @@ OVERTAKE_FACTOR = 4.0
 # request waits little.
 LONG_PASS_OVERHEADS = 8
 
+# A request's class rises by one per this many seconds waited: a bulk request at priority 1
+# is served beside queries after this long at most, however many queries arrive. Longer
+# than a bulk batch's ordinary wait, so that aging does not undo priority under load.
+AGING_S = 5.0
+
 
 class Scheduler:
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
@@ -147,7 +195,7 @@ class Scheduler:
         self._express_wakeup = threading.Condition(self._lock)
         self._idle = 0  # lanes waiting in `next_batch`
         self._wide = False  # a wide pass runs: no lane takes work
-        self._shares: deque[tuple[str, list[Item]]] = deque()  # parts of a batch cut for idle lanes
+        self._shares: deque[Batch] = deque()  # parts of a batch cut for idle lanes
 
     def add_queue(self, name: str, policy: QueuePolicy) -> None:
         budget = min(policy.max_batch_tokens, max(int(PASS_OVERHEADS * policy.pass_overhead_tokens), 1))
@@ -164,17 +212,22 @@ class Scheduler:
         """Whether a thread should call `next_express_batch`: a model has an express lane."""
         return any(queue.express for queue in self._queues.values())
 
-    def submit(self, request_id: int, queue: str, slots: list[int], costs: list[int], payloads: list) -> None:
-        """Queue a request's inputs on `queue`: each its arena slot, its cost and its payload."""
+    def submit(self, request_id: int, queue: str, slots: list[int], costs: list[int], payloads: list,
+               priority: int = 0) -> None:
+        """Queue a request's inputs on `queue`: each its arena slot, its cost and its payload;
+        `priority`: lower is served first."""
         arrived = self._clock()
         with self._lock:
             waiting = self._queues[queue]
             request = PendingRequest(request_id, queue, len(slots), waiting.pass_overhead_tokens
-                                     + len(costs) * max(costs))
+                                     + len(costs) * max(costs), priority)
             self._requests[request_id] = request
+            tag = waiting.virtual
             for slot, cost, payload in zip(slots, costs, payloads, strict=True):
-                item = Item(request, slot, cost, payload, next(self._seq), arrived)
+                item = Item(request, slot, cost, payload, next(self._seq), arrived, tag)
+                tag += cost
                 bisect.insort(waiting.by_cost, (cost, item.seq, item), key=_sort_key)
+            waiting.waiting_priorities[priority] += len(slots)
             self._wakeup.notify()
             self._notify_express(waiting)
 
@@ -199,20 +252,38 @@ class Scheduler:
     def next_batch(self) -> Batch:
         """Block until inputs wait for a free lane, then cut a batch."""
         with self._lock:
-            queue, items, wide = self._take()
-        return Batch(queue, items, wide)
+            return self._take()
 
     def next_express_batch(self) -> Batch:
-        """Block until a small request waits behind long passes on every lane of an
-        express model, then take its inputs (all of them, as one batch)."""
+        """Block until urgent work waits while every lane of an express model runs a pass
+        of a less urgent priority (then cut its batch), or a small request waits behind
+        long passes on every lane (then take its inputs, all of them, as one batch)."""
         with self._lock:
-            while (found := self._express_request()) is None:
+            while (model := self._urgent_model()) is None and (found := self._express_request()) is None:
                 self._express_wakeup.wait()
+            if model is not None:
+                queue = self._queues[model]
+                items, priority = _cut(queue, self._clock())
+                return Batch(model, items, express=True, priority=priority)
             model, request = found
             queue = self._queues[model]
             items = [entry[2] for entry in queue.by_cost if entry[2].request is request]
-            queue.by_cost = [entry for entry in queue.by_cost if entry[2].request is not request]
-        return Batch(model, items, express=True)
+            queue.remove(items)
+        return Batch(model, items, express=True, priority=request.priority)
+
+    def _urgent_model(self) -> str | None:
+        """The express model whose lanes all run passes less urgent than an input waiting
+        (the most urgent such input of all models); lock held."""
+        if self._wide:
+            return None
+        best, best_priority = None, None
+        for name, queue in self._queues.items():
+            if queue.express and queue.by_cost and len(queue.passes) >= queue.lanes:
+                priority = min(priority for priority, count in queue.waiting_priorities.items() if count)
+                if (priority < min(running.priority for running in queue.passes)
+                        and (best_priority is None or priority < best_priority)):
+                    best, best_priority = name, priority
+        return best
 
     def _express_request(self) -> tuple[str, PendingRequest] | None:
         """(model, request) the express lane should run now, the oldest eligible; lock held."""
@@ -220,18 +291,20 @@ class Scheduler:
             return None
         best, best_seq = None, None
         for name, queue in self._queues.items():
-            if not (queue.express and queue.by_cost and queue.running >= queue.lanes):
+            if not (queue.express and queue.by_cost and len(queue.passes) >= queue.lanes):
                 continue
-            shortest = min(queue.running_longest)
+            # Every lane's pass is long by a long input, or holds only requests far larger.
+            shortest = min(running.longest for running in queue.passes)
             if shortest < LONG_PASS_OVERHEADS * queue.pass_overhead_tokens:
-                continue
-            most = shortest / OVERTAKE_FACTOR
+                shortest = 0.0
+            most = max(shortest, min(running.smallest_request for running in queue.passes)) / OVERTAKE_FACTOR
             small: dict[PendingRequest, int] = {}  # the small requests waiting, by their first input
             # Sorted by length, and no request costs less than one of its inputs alone.
             for length, seq, item in queue.by_cost:
                 if queue.pass_overhead_tokens + length > most:
                     break
-                small[item.request] = min(seq, small.get(item.request, seq))
+                if item.request.cost <= most:
+                    small[item.request] = min(seq, small.get(item.request, seq))
             # More small work than that is a stream of small requests: the lanes batch them.
             if sum(request.cost for request in small) > most:
                 continue
@@ -240,35 +313,35 @@ class Scheduler:
                     best, best_seq = (name, request), seq
         return best
 
-    def _take(self) -> tuple[str, list[Item], bool]:
-        """(model, items, wide) of the calling lane's next batch; lock held."""
-        while not self._shares and (model := self._model_waiting_longest()) is None:
+    def _take(self) -> Batch:
+        """The calling lane's next batch; lock held."""
+        while not self._shares and (model := self._model_to_serve()) is None:
             self._idle += 1
             self._wakeup.wait()
             self._idle -= 1
         if self._shares:
-            return *self._shares.popleft(), False
+            return self._shares.popleft()
         queue = self._queues[model]
-        items = _cut(queue, self._clock())
+        items, priority = _cut(queue, self._clock())
         idle = self._idle - len(self._shares)  # lanes waiting and not yet handed a share
-        queue.running += 1
         if len(items) == 1 and queue.widens and idle == self.lanes - 1:
             self._wide = True
-            queue.running_longest.append(_longest_cost(queue, items))
-            return model, items, True
-        parts = 1 + max(0, min(idle, queue.lanes - queue.running, len(items) - 1))
-        for i in range(1, parts):
-            self._shares.append((model, items[i::parts]))
+            running = RunningPass.of(queue, items, priority)
+            queue.passes.append(running)
+            return Batch(model, items, wide=True, priority=priority, running=running)
+        parts = 1 + max(0, min(idle, queue.lanes - len(queue.passes) - 1, len(items) - 1))
+        batches = [Batch(model, items[i::parts], priority=priority,
+                         running=RunningPass.of(queue, items[i::parts], priority)) for i in range(parts)]
+        queue.passes.extend(batch.running for batch in batches)
+        self._shares.extend(batches[1:])
         self._wakeup.notify(parts - 1)
-        queue.running += parts - 1
-        queue.running_longest.extend(_longest_cost(queue, items[i::parts]) for i in range(parts))
         self._notify_express(queue)  # every lane may now be busy with a long pass
-        return model, items[::parts], False
+        return batches[0]
 
     def _notify_express(self, queue: _Queue) -> None:
         """Wake the express lane if it may have work in `queue` (lock held): only while every
         lane of its model runs; waking it on every request costs a thread switch each."""
-        if queue.express and queue.by_cost and queue.running >= queue.lanes:
+        if queue.express and queue.by_cost and len(queue.passes) >= queue.lanes:
             self._express_wakeup.notify()
 
     def finish(self, batch: Batch, error: str | None = None) -> list[PendingRequest]:
@@ -278,9 +351,8 @@ class Scheduler:
         finished = []
         with self._lock:
             queue = self._queues[batch.queue]
-            if not batch.express:
-                queue.running -= 1
-                queue.running_longest.remove(_longest_cost(queue, batch.items))
+            if batch.running is not None:
+                queue.passes.remove(batch.running)
             if batch.wide:
                 self._wide = False
                 self._wakeup.notify_all()
@@ -300,26 +372,30 @@ class Scheduler:
     def _drop_waiting(self, request: PendingRequest) -> int:
         """Remove the request's inputs from its queue (lock held); return how many."""
         queue = self._queues[request.queue]
-        kept = [entry for entry in queue.by_cost if entry[2].request is not request]
-        dropped = len(queue.by_cost) - len(kept)
-        request.remaining -= dropped
-        queue.by_cost = kept
-        return dropped
+        dropped = [entry[2] for entry in queue.by_cost if entry[2].request is request]
+        queue.remove(dropped)
+        request.remaining -= len(dropped)
+        return len(dropped)
 
-    def _model_waiting_longest(self) -> str | None:
+    def _model_to_serve(self) -> str | None:
+        """The model with a free lane whose most urgent waiting input is the most urgent
+        of all (the oldest first among equals); lock held."""
         if self._wide:
             return None
-        best, best_seq = None, None
+        now = self._clock()
+        best, best_key = None, None
         for name, queue in self._queues.items():
-            if queue.by_cost and queue.running < queue.lanes:
-                seq = min(entry[1] for entry in queue.by_cost)
-                if best_seq is None or seq < best_seq:
-                    best, best_seq = name, seq
+            if queue.by_cost and len(queue.passes) < queue.lanes:
+                key = min((entry[2].urgency(now), entry[1]) for entry in queue.by_cost)
+                if best_key is None or key < best_key:
+                    best, best_key = name, key
         return best
 
 
-def _sort_key(entry: tuple[int, int, Item]) -> tuple[int, int]:
-    return entry[0], entry[1]
+def _sort_key(entry: tuple[int, int, Item]) -> tuple[int, float, int]:
+    """By cost, then in the fair order: a batch's neighbours of equal cost are the inputs
+    whose turn comes first."""
+    return entry[0], entry[2].tag, entry[1]
 
 
 def _longest_cost(queue: _Queue, items: list[Item]) -> float:
@@ -327,32 +403,53 @@ def _longest_cost(queue: _Queue, items: list[Item]) -> float:
     return queue.pass_overhead_tokens + max(item.cost for item in items)
 
 
-def _cut(queue: _Queue, now: float) -> list[Item]:
-    """Remove and return the next batch of `queue`: the cheapest group, per token, of
-    inputs of similar length around the anchor."""
-    entries = queue.by_cost
-    anchor = _anchor(entries, queue.pass_overhead_tokens, now)
+def _cut(queue: _Queue, now: float) -> tuple[list[Item], int]:
+    """Remove and return the next batch of `queue`, and its priority: the cheapest group,
+    per token, of inputs of similar length around the anchor, of those that may ride
+    along with it (`_rides_with`)."""
+    urgency = {id(entry[2]): entry[2].urgency(now) for entry in queue.by_cost}
+    most_urgent = min(urgency.values())
+    anchor_item = queue.by_cost[_anchor(queue.by_cost, queue.pass_overhead_tokens, now,
+                                        lambda item: urgency[id(item)] == most_urgent)][2]
+    entries = [entry for entry in queue.by_cost if _rides_with(entry[2].request, anchor_item.request)]
+    anchor = next(i for i, entry in enumerate(entries) if entry[2] is anchor_item)
     lo, hi = _window(entries, anchor, queue.max_batch_tokens, queue.max_batch_size)
     lengths = [entry[0] for entry in entries[lo:hi + 1]]
     first, last = _group_of(anchor - lo, split_by_cost(lengths, queue.pass_overhead_tokens,
                                                                   queue.padding_weight))
     batch = [entry[2] for entry in entries[lo + first:lo + last + 1]]
-    del entries[lo + first:lo + last + 1]
-    return batch
+    queue.remove(batch)
+    queue.virtual = max(queue.virtual, anchor_item.tag)
+    return batch, max(item.request.priority for item in batch)
 
 
-def _anchor(entries: list[tuple[int, int, Item]], overhead_tokens: float, now: float) -> int:
-    """Index of the input the next batch is built around: the oldest, or the oldest of the
-    inputs at most 1 / OVERTAKE_FACTOR of its cost (a pass alone: overhead + length) if
-    that one has waited longer in proportion to its cost."""
-    oldest = min(range(len(entries)), key=lambda i: entries[i][1])
-    oldest_cost = overhead_tokens + entries[oldest][0]
-    cheap = bisect.bisect_right(entries, oldest_cost / OVERTAKE_FACTOR - overhead_tokens, key=lambda e: e[0])
-    if cheap == 0:
-        return oldest
-    candidate = min(range(cheap), key=lambda i: entries[i][1])
-    ratio = (now - entries[candidate][2].arrived) / (overhead_tokens + entries[candidate][0])
-    return candidate if ratio > (now - entries[oldest][2].arrived) / oldest_cost else oldest
+def _rides_with(request: PendingRequest, anchor: PendingRequest) -> bool:
+    """Whether an input of `request` may join a batch cut around an input of `anchor`'s:
+    if it is more urgent, or as urgent and not far larger (at most `OVERTAKE_FACTOR`
+    times its cost as one pass). A query's pass is thus not lengthened by bulk inputs,
+    of a less urgent priority or of a large request beside it, while it may take along
+    any that are alike."""
+    return request.priority < anchor.priority or (request.priority == anchor.priority
+                                                  and request.cost <= OVERTAKE_FACTOR * anchor.cost)
+
+
+def _anchor(entries: list[tuple[int, int, Item]], overhead_tokens: float, now: float,
+            eligible: Callable[[Item], bool]) -> int:
+    """Index of the input the next batch is built around, among the `eligible` (the most
+    urgent class): the first in the fair order (the lowest tag, then the oldest), or the
+    first input of the small requests, those costing at most 1 / OVERTAKE_FACTOR of it (a
+    pass alone: overhead + length; a request: all its inputs as one pass), if that request
+    has waited longer in proportion to its cost. A short input of a large request is no
+    small request: it keeps its turn in the fair order."""
+    candidates = [i for i, entry in enumerate(entries) if eligible(entry[2])]
+    first = min(candidates, key=lambda i: (entries[i][2].tag, entries[i][1]))
+    first_cost = overhead_tokens + entries[first][0]
+    cheap = [i for i in candidates if entries[i][2].request.cost <= first_cost / OVERTAKE_FACTOR]
+    if not cheap:
+        return first
+    candidate = min(cheap, key=lambda i: (entries[i][2].tag, entries[i][1]))
+    ratio = (now - entries[candidate][2].arrived) / entries[candidate][2].request.cost
+    return candidate if ratio > (now - entries[first][2].arrived) / first_cost else first
 
 
 def _window(entries: list[tuple[int, int, Item]], anchor: int, max_tokens: int, max_size: int) -> tuple[int, int]:

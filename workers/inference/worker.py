@@ -7,6 +7,10 @@ Threads: the receiver decodes `Infer` / `Cancel` messages into the scheduler whi
 lanes run the engine, so the queue is filled and sorted during each forward pass; one
 lane per forward pass the engines can run at once (`Engine.lanes`; for torch on a CPU,
 a single-threaded pass per core), each cutting its next batch the moment it is free.
+Where the scheduler has an express lane, the lanes run at a lower CPU priority (a higher
+nice value) than every other thread of the server: the express pass of a query that
+arrives while every lane computes takes a core at once instead of sharing it with a
+lane's long pass, and the front end and the tokenizers are never slowed by the lanes.
 """
 
 from __future__ import annotations
@@ -78,7 +82,7 @@ def serve(args: protocol.WorkerArgs, channel: ChannelToFront,
         model, kind, lanes = models[spec.name], KINDS[spec.kind], lanes_of[spec.name]
         overhead, padding_weight = costs[spec.name]
         scheduler.add_queue(spec.name, QueuePolicy(spec.max_batch_tokens, spec.max_batch_size, overhead,
-                                                   padding_weight, lanes.count, lanes.widens, model.engine.express))
+                                                   padding_weight, lanes.count, lanes.widens, lanes.express))
         by_queue[spec.name] = _Queue(model, arenas[spec.name], kind.ragged,
                                      partial(collate_tokens, pad_id=model.engine.pad_id), False, lanes.threads,
                                      wide_runner)
@@ -92,9 +96,10 @@ def serve(args: protocol.WorkerArgs, channel: ChannelToFront,
                                                                pad_id=model.engine.pad_id),
                 True, (args.threads // count, args.threads) if count > 1 else None, wide_runner)
     threading.Thread(target=_guarded, args=(_receive, channel, scheduler), daemon=True, name="receiver").start()
+    lane_niceness = LANE_NICENESS if scheduler.express else 0
     for lane in range(1, scheduler.lanes):
-        threading.Thread(target=_guarded, args=(_serve, by_queue, scheduler, channel), daemon=True,
-                         name=f"lane-{lane}").start()
+        threading.Thread(target=_guarded, args=(_serve, by_queue, scheduler, channel, None, lane_niceness),
+                         daemon=True, name=f"lane-{lane}").start()
     if scheduler.express:
         threading.Thread(target=_guarded, args=(_serve, by_queue, scheduler, channel, scheduler.next_express_batch),
                          daemon=True, name="express-lane").start()
@@ -104,7 +109,7 @@ def serve(args: protocol.WorkerArgs, channel: ChannelToFront,
                                 KINDS[spec.kind].ragged, models[spec.name].dtype)
              for spec in args.models]
     channel.send(protocol.Ready(args.name, os.getpid(), infos))
-    _serve(by_queue, scheduler, channel)
+    _serve(by_queue, scheduler, channel, niceness=lane_niceness)
 
 
 def _arena_name(args: protocol.WorkerArgs, model: str) -> str:
@@ -130,10 +135,21 @@ class _Queue:
     wide_runner: Executor | None = None
 
 
+# Added to the nice value of the lanes' threads where an express lane runs beside them: a
+# thread at the default value then gets about 90% of a core it shares with a lane (the
+# kernel's weights for nice 0 and 10), so an express pass runs at nearly its own speed.
+LANE_NICENESS = 10
+
+
 def _serve(by_queue: dict[str, _Queue], scheduler: Scheduler, channel: ChannelToFront,
-           take: Callable[[], Batch] | None = None) -> None:
+           take: Callable[[], Batch] | None = None, niceness: int = 0) -> None:
     """One lane: run batches as they are cut (`take`: by the scheduler's `next_batch`)
-    until the front end closes the channel."""
+    until the front end closes the channel; `niceness`: added to this thread's nice value."""
+    if niceness:
+        with contextlib.suppress(OSError):  # where the system refuses, the lanes share cores evenly
+            # On Linux a nice value belongs to a thread: this one's only.
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(),
+                           os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) + niceness)
     take = take or scheduler.next_batch
     with contextlib.suppress(ChannelClosed):
         while True:
@@ -175,7 +191,8 @@ def _run(batch: Batch, queue: _Queue, scheduler: Scheduler, channel: ChannelToFr
             queue.arena.rows[[item.slot for item in batch.items]] = vectors
         finished = scheduler.finish(batch)
         messages = [protocol.BatchRan(queue_model(batch.queue), len(batch.items), padded,
-                                      [start - item.arrived for item in batch.items], time.monotonic() - start)]
+                                      [start - item.arrived for item in batch.items], time.monotonic() - start,
+                                      [item.request.priority for item in batch.items])]
     for request in finished:
         if request.error is not None:
             messages.append(protocol.Failed(request.request_id, protocol.ErrorKind.INTERNAL, request.error))
@@ -219,7 +236,7 @@ def _take_message(message: protocol.Message, channel: ChannelToFront, scheduler:
             queue, (costs, items) = message.model, token_items(inputs)
         else:
             queue, (costs, items) = media_queue(message.model), feature_items(inputs)
-        scheduler.submit(message.request_id, queue, message.slots, costs, items)
+        scheduler.submit(message.request_id, queue, message.slots, costs, items, message.priority)
     elif isinstance(message, protocol.Cancel):
         dropped, finished = scheduler.cancel(message.request_id)
         log.info("request %d: client gone, %d waiting inputs dropped", message.request_id, dropped)

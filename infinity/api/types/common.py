@@ -7,6 +7,8 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from msgspec import UNSET, Meta, Struct, UnsetType
 
+from infinity.config import Priority
+
 if TYPE_CHECKING:
     from infinity.client.engine_client import Result
 
@@ -33,6 +35,13 @@ TextOrTokens = Annotated[Any, Meta(
 
 # Queries and documents, in OpenAI-style and in Cohere's names.
 InputType = Literal["query", "document", "search_query", "search_document"]
+
+
+class ModelRequest(Struct, kw_only=True):
+    """What every body that runs a model takes beside its own fields."""
+
+    priority: Annotated[Priority, Meta(description="Lower is served first (as vLLM's); default: the API key's "
+                                                   "(0 without keys)")] | UnsetType = UNSET
 
 
 class ImageUrl(Struct):

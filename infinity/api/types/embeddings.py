@@ -10,7 +10,7 @@ from msgspec import UNSET, Meta, Struct, UnsetType
 from infinity.api.errors import APIError
 from infinity.api.inputs import output_types
 from infinity.api.types.common import (ApiVersion, BilledUnits, CohereMeta, ImagePart, ImageUrl, InputTokens, InputType,
-                                       TextOrTokens, TextPart, Usage)
+                                       ModelRequest, TextOrTokens, TextPart, Usage)
 from infinity.shared.vectors import EmbeddingType
 
 # A sparse model's answer per input: its largest this many values (then by index).
@@ -44,7 +44,7 @@ class ChatMessage(Struct):
     role: str = "user"
 
 
-class EmbeddingRequest(Struct):
+class EmbeddingRequest(ModelRequest):
     """OpenAI embeddings, plus the output type: `embedding_type` (one, in each item's
     `embedding`) or `embedding_types` (several, in each item's `embeddings`), a sparse
     model's `top_k`; or, instead of `input`, vLLM's `messages` holding one text or one
@@ -89,7 +89,7 @@ class CohereInput(Struct):
     content: Annotated[list[TextPart | ImagePart], Meta(min_length=1)]
 
 
-class CohereEmbedRequest(Struct):
+class CohereEmbedRequest(ModelRequest):
     """Cohere v1/v2 embed bodies: `texts`, or `images` (data: URIs) for image-text models,
     or v2's `inputs` (each one text or one image_url part). `input_type` is accepted and
     ignored; long inputs are cut at the end (or refused) as the model's `truncate`
@@ -105,7 +105,7 @@ class CohereEmbedRequest(Struct):
     output_dimension: Annotated[int, Meta(extra_json_schema={"minimum": 1})] | None = None
 
 
-class SparseEmbedRequest(Struct):
+class SparseEmbedRequest(ModelRequest):
     """TEI's `/embed_sparse` body, plus `model` (a served sparse model; none: the only one)
     and `top_k`. Long inputs are cut at the end as the model's `truncate` setting says;
     `truncate: false` refuses them (422) even where the model would cut them. A served

@@ -6,7 +6,7 @@ from typing import Annotated, Any, Literal
 
 from msgspec import UNSET, Meta, Struct, UnsetType
 
-from infinity.api.types.common import CohereMeta, TextOrTokens, Usage, _TEXT
+from infinity.api.types.common import CohereMeta, ModelRequest, TextOrTokens, Usage, _TEXT
 
 Query = Annotated[Any, Meta(description="The query each document is scored against", extra_json_schema=_TEXT)]
 
@@ -21,7 +21,7 @@ Documents = Annotated[Any, Meta(
          "required": ["content"]}]}})]
 
 
-class RerankRequest(Struct):
+class RerankRequest(ModelRequest):
     """Cohere v1/v2 and Jina rerank bodies (their other fields are accepted and ignored)."""
 
     query: Query
@@ -32,7 +32,7 @@ class RerankRequest(Struct):
     raw_scores: bool = False
 
 
-class ClassifyRequest(Struct):
+class ClassifyRequest(ModelRequest):
     input: TextOrTokens
     model: str | None = None
     raw_scores: bool = False
