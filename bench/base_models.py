@@ -1,7 +1,7 @@
 """Encoders of realistic size with random weights, for speed (which does not depend on the
 values): BERT-base and XLM-RoBERTa-base shapes (12 layers, 768 wide, 3072 in the feed
-forward), and a null model (one layer, 32 wide) whose inference costs next to nothing, so
-that a server's figures on it measure the serving path alone. Each is a plain
+forward), and null models (one layer 32 wide; no layer, 768 wide) whose inference costs
+next to nothing, so that a server's figures on them measure the serving path alone. Each is a plain
 transformers folder (our server and sentence-transformers pool it by the mean) with the
 packaged model's WordPiece tokenizer, built once under bench/out/models/.
 
@@ -33,6 +33,10 @@ SHAPES = {
                              "intermediate_size": 3072, "pad_token_id": 1, "bos_token_id": 101,
                              "eos_token_id": 102}),
     "null": ("bert", {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 1, "intermediate_size": 32}),
+    # The null model at BERT-base's width (no layers: its embeddings, pooled): answers the size
+    # of a real model's, for what encoding them costs the serving path.
+    "null-768": ("bert", {"hidden_size": 768, "num_hidden_layers": 0, "num_attention_heads": 1,
+                          "intermediate_size": 32}),
 }
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt")
 

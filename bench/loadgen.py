@@ -36,6 +36,7 @@ from urllib.parse import urlsplit
 import aiohttp
 import numpy as np
 
+from infinity.api.binary import CONTENT_TYPE, read_embeddings
 from workers.inference.corpus import sentences
 
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
@@ -97,7 +98,13 @@ def _embedding_dim(item: dict[str, object], encoding_format: str) -> int:
 
 
 def check_response(payload: object, expected: int, encoding_format: str) -> None:
-    """Raise ``ValueError`` unless ``payload`` holds ``expected`` embeddings of one dimension."""
+    """Raise ``ValueError`` unless ``payload`` holds ``expected`` embeddings of one dimension
+    (``bytes``: a binary answer, read whole)."""
+    if isinstance(payload, bytes):
+        vectors, _ = read_embeddings(payload)
+        if vectors.shape[0] != expected or vectors.shape[1] == 0:
+            raise ValueError(f"expected {expected} embeddings, got shape {vectors.shape}")
+        return
     if not isinstance(payload, dict) or not isinstance(payload.get("data"), list):
         raise ValueError("response has no 'data' list")
     data = payload["data"]
@@ -160,7 +167,7 @@ async def _worker(
                 raw = await response.read()
             if response.status != 200:
                 raise ValueError(f"HTTP {response.status}: {raw[:200]!r}")
-            check(json.loads(raw))
+            check(raw if response.content_type == CONTENT_TYPE else json.loads(raw))
             ok = True
         except (TimeoutError, aiohttp.ClientError, ValueError, KeyError, TypeError) as exc:
             errors.append(f"{type(exc).__name__}: {exc}")
@@ -260,7 +267,7 @@ def _parse_args() -> argparse.Namespace:
     parser.add_argument("--duration", type=float, default=defaults.duration, help="measured s")
     parser.add_argument("--warmup", type=float, default=defaults.warmup, help="discarded s")
     parser.add_argument(
-        "--encoding-format", choices=("float", "base64"), default=defaults.encoding_format
+        "--encoding-format", choices=("float", "base64", "bytes"), default=defaults.encoding_format
     )
     parser.add_argument("--corpus-size", type=int, default=defaults.corpus_size)
     parser.add_argument("--seed", type=int, default=defaults.seed)

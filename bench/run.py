@@ -560,7 +560,7 @@ def _parse_args() -> argparse.Namespace:
     parser.add_argument("--loads", default=DEFAULT_LOADS, help="BATCHxCONCURRENCY list")
     parser.add_argument("--duration", type=float, default=20.0, help="measured seconds per load")
     parser.add_argument("--warmup", type=float, default=3.0, help="discarded seconds per load")
-    parser.add_argument("--encoding-format", choices=("float", "base64"), default="float")
+    parser.add_argument("--encoding-format", choices=("float", "base64", "bytes"), default="float")
     parser.add_argument("--model", default=DEFAULT_MODEL, help="model name sent in requests")
     parser.add_argument("--model-dir", help="model folder for {model_dir} and the ceiling (default: the packaged "
                         "model); e.g. one of bench.base_models")

@@ -31,7 +31,7 @@ from infinity.client.engine_client import EngineClient, StartupError, at_priorit
 from infinity.api.routes import ROUTES, Route
 from infinity.api.media_fetch import MediaFetcher
 from infinity.api.metrics import METRICS, PRIORITY, Metrics, record_request, serve_metrics
-from infinity.api.routes.common import CONFIG, ENGINE_CLIENT, FETCHER, KIND_ROUTES
+from infinity.api.routes.common import CONFIG, ENGINE_CLIENT, FETCHER, KIND_ROUTES, RawAnswer
 from infinity.api.decode import decode_body
 from infinity.api.types.common import ModelRequest
 from infinity.shared.kinds import KINDS
@@ -97,6 +97,8 @@ def _handler(route: Route) -> Handler:
             request[PRIORITY] = request.get(KEY_PRIORITY, 0) if body.priority is UNSET else body.priority
         with at_priority(request.get(PRIORITY, 0)):
             answer = await route.serve(request, body)
+        if isinstance(answer, RawAnswer) and op.binary:
+            return web.Response(body=answer.body, content_type=answer.content_type)
         assert isinstance(answer, answer_class), f"{op.path} answered {type(answer).__name__}"
         return web.Response(body=msgspec.json.encode(answer), content_type="application/json")
 

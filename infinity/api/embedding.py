@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import msgspec
 import numpy as np
 
+from infinity.api.binary import encode_rows
 from infinity.api.errors import APIError
 from infinity.api.inputs import text_or_token_inputs
 from infinity.api.media_fetch import MediaFetcher, media_bytes
@@ -36,16 +37,11 @@ class Embedder:
     async def embeddings(self, model: ServedModel, body: EmbeddingRequest) -> EmbeddingResponse:
         """OpenAI embeddings of `body` on `model`; with `embedding_types`, each item holds
         `embeddings` by type instead of `embedding`."""
+        if body.encoding_format == "bytes":
+            raise APIError(422, "encoding_format \"bytes\" is an HTTP answer of its own; here, use \"float\" or "
+                                "\"base64\"", param="encoding_format")
         body = with_input(body)
-        if body.modality == "text":
-            inputs = text_or_token_inputs(body.input, self.max_items)
-        elif body.modality == model.kind.medium:
-            inputs = ModelInputs(media=await media_bytes(self.fetcher, body.input,
-                                                         self.config.media.max_bytes(body.modality), self.max_items))
-        else:
-            # Not read as text: a data: URI or URL embedded as words would be a wrong vector.
-            raise APIError(422, f"model '{model.spec.name}' does not embed {body.modality} inputs (it is of kind "
-                                f"'{model.spec.kind}')", param="modality")
+        inputs = await self._inputs(model, body)
         if model.kind.sparse:
             return await self._sparse(model, inputs, body)
         if body.top_k is not None:
@@ -62,6 +58,38 @@ class Embedder:
         else:
             data = [EmbeddingData(index=i, embeddings={t: encoded[t][i] for t in types}) for i in range(len(rows))]
         return EmbeddingResponse(data=data, model=model.spec.name, usage=Usage.of(result))
+
+    async def embeddings_bytes(self, model: ServedModel, body: EmbeddingRequest) -> bytes:
+        """`body`'s vectors on `model` as one binary answer (`infinity.api.binary`): float
+        vectors of a model with one vector per input, in `body.embed_dtype`."""
+        name = model.spec.name
+        if model.kind.ragged:
+            raise APIError(422, f"the {model.spec.kind} model '{name}' answers a vector per token or a sparse vector, "
+                                "not rows of one width: binary answers are for dense vectors", param="encoding_format")
+        if body.top_k is not None:
+            raise APIError(422, f"top_k applies to sparse models; '{name}' is of kind '{model.spec.kind}'",
+                           param="top_k")
+        if body.embedding_types is not None or (body.embedding_type or "float") != "float":
+            raise APIError(422, "a binary answer holds float values (as embed_dtype); leave embedding_type(s) out",
+                           param="embedding_type")
+        body = with_input(body)
+        inputs = await self._inputs(model, body)
+        result, rows = await self.vectors(model, inputs, body.dimensions or None, "dimensions")
+        return encode_rows(rows, body.embed_dtype, body.endianness,
+                           {"model": name, "usage": msgspec.to_builtins(Usage.of(result))})
+
+    async def _inputs(self, model: ServedModel, body: EmbeddingRequest) -> ModelInputs:
+        """The inputs `body` (`with_input`) holds, as its modality says (media fetched)."""
+        if body.modality == "text":
+            inputs = text_or_token_inputs(body.input, self.max_items)
+        elif body.modality == model.kind.medium:
+            inputs = ModelInputs(media=await media_bytes(self.fetcher, body.input,
+                                                         self.config.media.max_bytes(body.modality), self.max_items))
+        else:
+            # Not read as text: a data: URI or URL embedded as words would be a wrong vector.
+            raise APIError(422, f"model '{model.spec.name}' does not embed {body.modality} inputs (it is of kind "
+                                f"'{model.spec.kind}')", param="modality")
+        return inputs
 
     async def vectors(self, model: ServedModel, inputs: ModelInputs, dimensions: int | None,
                       dimensions_param: str) -> tuple[Result, np.ndarray]:

@@ -12,6 +12,7 @@ from typing import Any, NewType
 
 import msgspec
 
+from infinity.api import binary
 from infinity.api.errors import ErrorResponse
 
 _REF = "#/components/schemas/{name}"
@@ -47,6 +48,7 @@ class Operation:
     errors: tuple[int, ...]
     kinds: tuple[str, ...] = ()  # the kinds of model the body's `model` may name (embed, rerank, ...)
     media: bool = False  # its inputs are always media (data: URIs, URLs), not texts
+    binary: bool = False  # it may also answer raw bytes (application/octet-stream), as its body asks
 
 
 def document(operations: list[Operation], title: str, version: str, models: dict[str, list[str]],
@@ -93,6 +95,8 @@ KEYLESS_PATHS = ("/health", "/live", "/metrics")
 
 def _operation(op: Operation, path: str, api_key: bool) -> dict[str, Any]:
     responses: dict[str, Any] = {"200": {"description": "OK", "content": _json_content(op.answer)}}
+    if op.binary:
+        responses["200"]["content"][binary.CONTENT_TYPE] = {"schema": {"type": "string", "format": "binary"}}
     errors = (*op.errors, 401) if api_key and not path.endswith(KEYLESS_PATHS) else op.errors
     for status in sorted(errors):
         responses[str(status)] = {"description": ERROR_MEANINGS[status], "content": _json_content(ErrorResponse),

@@ -41,12 +41,21 @@ def kinds_serving(*capabilities: str, vector_per_input: bool = False) -> tuple[s
 
 
 @dataclass(frozen=True)
+class RawAnswer:
+    """An answer that is not JSON: its body as it is sent, and its media type."""
+
+    body: bytes
+    content_type: str
+
+
+@dataclass(frozen=True)
 class Route:
     """One operation of the API and the function that serves it: `serve(request, body)`
-    returns the operation's answer type (`body` is None for routes without one)."""
+    returns the operation's answer type (`body` is None for routes without one), or a
+    `RawAnswer` where the operation declares one (`binary`)."""
 
     operation: openapi.Operation
-    serve: Callable[[web.Request, Any], Awaitable[Struct | list]]
+    serve: Callable[[web.Request, Any], Awaitable[Struct | list | RawAnswer]]
 
 
 def served_model(request: web.Request, name: str | None, kinds: tuple[str, ...]) -> ServedModel:

@@ -10,13 +10,13 @@ import msgspec
 from msgspec import UNSET
 from aiohttp import web
 
-from infinity.api import openapi
+from infinity.api import binary, openapi
 from infinity.api.embedding import Embedder
 from infinity.api.errors import APIError
 from infinity.api.inputs import output_types, text_inputs, text_or_token_inputs
 from infinity.api.media_fetch import media_bytes
-from infinity.api.routes.common import (CONFIG, ENGINE_CLIENT, FETCHER, MODEL_ERRORS, Route, kinds_serving, max_items,
-                                        served_model)
+from infinity.api.routes.common import (CONFIG, ENGINE_CLIENT, FETCHER, MODEL_ERRORS, RawAnswer, Route, kinds_serving,
+                                        max_items, served_model)
 from infinity.api.types.common import ApiVersion, BilledUnits, CohereMeta, ImagePart, InputTokens, TextPart
 from infinity.api.types.embeddings import (CohereEmbedRequest, CohereEmbedResponse, CohereImage, EmbeddingRequest,
                                            EmbeddingResponse, SparseEmbedRequest, SparseEmbedResponse, SparseValue)
@@ -37,9 +37,20 @@ def _embedder(request: web.Request) -> Embedder:
 
 
 async def embeddings(request: web.Request, body: EmbeddingRequest,
-                     kinds: tuple[str, ...] = OPENAI_KINDS) -> EmbeddingResponse:
-    """OpenAI embeddings. `kinds`: those of the route asked (a media route serves fewer)."""
-    return await _embedder(request).embeddings(served_model(request, body.model, kinds), body)
+                     kinds: tuple[str, ...] = OPENAI_KINDS) -> EmbeddingResponse | RawAnswer:
+    """OpenAI embeddings, or their raw bytes where the body or the Accept header asks for
+    them. `kinds`: those of the route asked (a media route serves fewer)."""
+    model = served_model(request, body.model, kinds)
+    if body.encoding_format == "bytes" or _accepts_bytes_only(request.headers.get("Accept", "")):
+        body = msgspec.structs.replace(body, encoding_format="bytes")
+        return RawAnswer(await _embedder(request).embeddings_bytes(model, body), binary.CONTENT_TYPE)
+    return await _embedder(request).embeddings(model, body)
+
+
+def _accepts_bytes_only(accept: str) -> bool:
+    """Whether an Accept header asks for raw bytes and not for JSON."""
+    types = {part.split(";")[0].strip() for part in accept.split(",")}
+    return binary.CONTENT_TYPE in types and not types & {"application/json", "*/*", "application/*"}
 
 
 def _cohere_inputs(body: CohereEmbedRequest) -> tuple[list[str] | None, list[str] | None]:
@@ -61,12 +72,12 @@ def _cohere_inputs(body: CohereEmbedRequest) -> tuple[list[str] | None, list[str
     raise APIError(422, "inputs mix texts and images; send them in separate requests", param="inputs")
 
 
-async def embeddings_image(request: web.Request, body: EmbeddingRequest) -> EmbeddingResponse:
+async def embeddings_image(request: web.Request, body: EmbeddingRequest) -> EmbeddingResponse | RawAnswer:
     """infinity's image route: OpenAI embeddings of images (data: URIs or URLs)."""
     return await embeddings(request, msgspec.structs.replace(body, modality="image"), IMAGE_KINDS)
 
 
-async def embeddings_audio(request: web.Request, body: EmbeddingRequest) -> EmbeddingResponse:
+async def embeddings_audio(request: web.Request, body: EmbeddingRequest) -> EmbeddingResponse | RawAnswer:
     """infinity's audio route: OpenAI embeddings of audio clips (data: URIs or URLs)."""
     return await embeddings(request, msgspec.structs.replace(body, modality="audio"), AUDIO_KINDS)
 
@@ -117,12 +128,12 @@ async def embed_sparse(request: web.Request, body: SparseEmbedRequest) -> Sparse
 
 ROUTES = [
     Route(openapi.Operation("post", "/v1/embeddings", ("/embeddings",), "Embed texts or token ids (OpenAI)",
-                            EmbeddingRequest, EmbeddingResponse, MODEL_ERRORS, OPENAI_KINDS), embeddings),
+                            EmbeddingRequest, EmbeddingResponse, MODEL_ERRORS, OPENAI_KINDS, binary=True), embeddings),
     Route(openapi.Operation("post", "/embeddings_image", (), "Embed images given as data: URIs or URLs (infinity)",
-                            EmbeddingRequest, EmbeddingResponse, MODEL_ERRORS, IMAGE_KINDS, media=True),
+                            EmbeddingRequest, EmbeddingResponse, MODEL_ERRORS, IMAGE_KINDS, media=True, binary=True),
           embeddings_image),
     Route(openapi.Operation("post", "/embeddings_audio", (), "Embed audio clips given as data: URIs or URLs (infinity)",
-                            EmbeddingRequest, EmbeddingResponse, MODEL_ERRORS, AUDIO_KINDS, media=True),
+                            EmbeddingRequest, EmbeddingResponse, MODEL_ERRORS, AUDIO_KINDS, media=True, binary=True),
           embeddings_audio),
     Route(openapi.Operation("post", "/v1/embed", ("/embed", "/v2/embed"), "Embed texts (Cohere v1 and v2)",
                             CohereEmbedRequest, CohereEmbedResponse, MODEL_ERRORS, COHERE_KINDS), cohere_embed),

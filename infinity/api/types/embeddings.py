@@ -7,6 +7,7 @@ from typing import Annotated, Literal, NewType
 
 from msgspec import UNSET, Meta, Struct, UnsetType
 
+from infinity.api.binary import Endianness, WireDtype
 from infinity.api.errors import APIError
 from infinity.api.inputs import output_types
 from infinity.api.types.common import (ApiVersion, BilledUnits, CohereMeta, ImagePart, ImageUrl, InputTokens, InputType,
@@ -53,7 +54,11 @@ class EmbeddingRequest(ModelRequest):
     input: TextOrTokens | None = None
     messages: Annotated[list[ChatMessage], Meta(min_length=1)] | None = None
     model: str | None = None
-    encoding_format: Literal["float", "base64"] = "float"
+    encoding_format: Annotated[Literal["float", "base64", "bytes"], Meta(
+        description="bytes: the answer is the vectors' raw bytes (application/octet-stream, see the README), as "
+                    "embed_dtype in endianness")] = "float"
+    embed_dtype: WireDtype = "float32"
+    endianness: Endianness = "little"
     dimensions: Annotated[int, Meta(description="Keep the first this many dimensions, then re-normalise; "
                                                 "0 for all", extra_json_schema={"minimum": 0})] | None = None
     user: str | None = None

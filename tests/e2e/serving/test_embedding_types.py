@@ -290,3 +290,17 @@ def test_server_default_type(start_server):
     cohere = server.post("/v1/embed", {"texts": TEXTS}).json()
     assert cohere["response_type"] == "embeddings_by_type" and list(cohere["embeddings"]) == ["ubinary"]
     assert_encodes(cohere["embeddings"]["ubinary"], floats, "ubinary")
+
+
+@pytest.mark.parametrize("embed_dtype", ["float32", "float16", "bfloat16"])
+def test_binary_answers_hold_the_json_vectors(server, embed_dtype):
+    from infinity.api.binary import read_embeddings
+
+    texts = ["binary answers hold the same vectors", "second text"]
+    expected = np.array([decode_embedding(item["embedding"]) for item in server.embed(texts).json()["data"]])
+    answer = server.embed(texts, encoding_format="bytes", embed_dtype=embed_dtype)
+    assert answer.status_code == 200 and answer.headers["Content-Type"].startswith("application/octet-stream")
+    vectors, header = read_embeddings(answer.content)
+    assert header["model"] == MODEL_NAME and vectors.shape == (2, DIM)
+    for served, reference in zip(vectors, expected):
+        assert_close(served, reference, f"binary {embed_dtype}")

@@ -314,3 +314,8 @@ def test_sparse_encoder_modules_that_are_not_served_fail_the_start(folders, tmp_
     for folder, reason in (("inference-free", "Router"), ("csr", "SparseAutoEncoder")):
         with pytest.raises(ConfigError, match=reason):
             resolve_model(ModelConfig(name="x", source=str(tmp_path / folder)))
+
+
+def test_a_binary_answer_is_refused_for_a_sparse_model(sparse_server):
+    answer = sparse_server.post("/v1/embeddings", {"model": SPLADE, "input": ["a text"], "encoding_format": "bytes"})
+    assert answer.status_code == 422 and answer.json()["error"]["param"] == "encoding_format"

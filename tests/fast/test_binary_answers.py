@@ -1,0 +1,112 @@
+"""Raw binary embeddings (`encoding_format: "bytes"`, `Accept: application/octet-stream`):
+the layout round-trips against the JSON floats in every wire type and byte order, the
+README's reader is the module's, and what a binary answer cannot hold is refused."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from infinity.api.binary import CONTENT_TYPE, encode_rows, read_embeddings
+from tests.fast.inprocess import serving
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+TEXTS = ["a short sentence", "another, somewhat longer sentence about trains", "x"]
+
+
+def _bfloat16(values: np.ndarray) -> np.ndarray:
+    """float32 rounded to bfloat16 (nearest even) and back, computed apart from the module."""
+    bits = values.astype(np.float32).view(np.uint32).astype(np.uint64)
+    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16
+    return rounded.astype(np.uint32).view(np.float32)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("endianness", ["little", "big", "native"])
+def test_a_binary_answer_round_trips_the_json_floats(dtype, endianness):
+    async def test():
+        async with serving() as client:
+            floats = await (await client.post("/v1/embeddings", json={"input": TEXTS})).json()
+            expected = np.array([item["embedding"] for item in floats["data"]], dtype=np.float32)
+            answer = await client.post("/v1/embeddings", json={"input": TEXTS, "encoding_format": "bytes",
+                                                               "embed_dtype": dtype, "endianness": endianness})
+            assert answer.status == 200 and answer.content_type == CONTENT_TYPE
+            body = await answer.read()
+            vectors, header = read_embeddings(body)
+            assert header["shape"] == list(expected.shape) and header["dtype"] == dtype
+            assert header["model"] == "m" and header["usage"] == floats["usage"]
+            assert (4 + int.from_bytes(body[:4], "little")) % 8 == 0  # the rows start aligned
+            assert len(body) - 4 - int.from_bytes(body[:4], "little") == expected.size * (4 if dtype == "float32" else 2)
+            wire = {"float32": expected, "float16": expected.astype(np.float16).astype(np.float32),
+                    "bfloat16": _bfloat16(expected)}[dtype]
+            np.testing.assert_array_equal(vectors, wire)
+
+    asyncio.run(test())
+
+
+def test_accept_octet_stream_asks_for_bytes_and_dimensions_apply():
+    async def test():
+        async with serving() as client:
+            floats = await (await client.post("/v1/embeddings", json={"input": TEXTS, "dimensions": 8})).json()
+            answer = await client.post("/v1/embeddings", json={"input": TEXTS, "dimensions": 8},
+                                       headers={"Accept": CONTENT_TYPE})
+            assert answer.content_type == CONTENT_TYPE
+            vectors, _ = read_embeddings(await answer.read())
+            np.testing.assert_array_equal(vectors, [item["embedding"] for item in floats["data"]])
+            both = await client.post("/v1/embeddings", json={"input": TEXTS},
+                                     headers={"Accept": f"{CONTENT_TYPE}, application/json"})
+            assert both.content_type == "application/json"
+
+    asyncio.run(test())
+
+
+@pytest.mark.parametrize("extra, param", [
+    ({"embedding_type": "int8"}, "embedding_type"),
+    ({"embedding_types": ["float"]}, "embedding_type"),
+    ({"top_k": 3}, "top_k"),
+    ({"embed_dtype": "float64"}, "embed_dtype"),
+])
+def test_what_a_binary_answer_cannot_hold_is_refused(extra, param):
+    async def test():
+        async with serving() as client:
+            answer = await client.post("/v1/embeddings", json={"input": TEXTS, "encoding_format": "bytes", **extra})
+            assert answer.status == 422
+            assert param in (await answer.json())["error"]["message"] + str((await answer.json())["error"]["param"])
+
+    asyncio.run(test())
+
+
+def test_bfloat16_rounds_to_nearest_even_and_keeps_nan():
+    values = np.array([[1.0, 1.00390625, 1.01171875, -2.5e-3, np.nan]], dtype=np.float32)
+    vectors, _ = read_embeddings(encode_rows(values, "bfloat16", "little", {}))
+    np.testing.assert_array_equal(vectors[0, :4], _bfloat16(values[0, :4]))
+    assert vectors[0, 1] == 1.0  # halfway between 1 and the next bfloat16: to even
+    assert np.isnan(vectors[0, 4])
+
+
+def test_the_readmes_reader_is_the_modules():
+    text = README.read_text()
+    code = re.search(r"```python\n(import json\n.*?def read_embeddings.*?)```", text, re.S)
+    assert code, "the README shows read_embeddings"
+    namespace: dict = {}
+    exec(code.group(1), namespace)
+    rows = np.random.default_rng(0).standard_normal((5, 7)).astype(np.float32)
+    for dtype in ("float32", "float16", "bfloat16"):
+        for endianness in ("little", "big"):
+            body = encode_rows(rows, dtype, endianness, {"model": "m"})
+            np.testing.assert_array_equal(namespace["read_embeddings"](body)[0], read_embeddings(body)[0])
+
+
+def test_a_batch_file_line_asking_for_bytes_is_refused():
+    from infinity.api.embedding import Embedder
+    from infinity.api.errors import APIError
+    from infinity.api.types.embeddings import EmbeddingRequest
+
+    embedder = Embedder(None, None, None, 16)  # type: ignore[arg-type]  # refused before they are used
+    with pytest.raises(APIError) as refused:
+        asyncio.run(embedder.embeddings(None, EmbeddingRequest(input="x", encoding_format="bytes")))  # type: ignore[arg-type]
+    assert refused.value.status == 422 and refused.value.param == "encoding_format"
