@@ -89,6 +89,12 @@ class _EngineClientCollector:
                                         "(429 once every slot is in use)", labels=["model"]),
             "slots": GaugeMetricFamily("infinity_queue_slots", "Inputs a model may hold at once (max_queued_items)",
                                        labels=["model"]),
+            "queued_tokens": GaugeMetricFamily("infinity_queued_tokens", "Tokens of the requests sent to an "
+                                               "inference process and not yet answered", labels=["model"]),
+            "backlog": GaugeMetricFamily("infinity_backlog_seconds", "How long the model would take to compute "
+                                         "the tokens it holds at its measured rate (tokens per second while busy, "
+                                         "over about the last minute): what an autoscaler scales on",
+                                         labels=["model"]),
             "by_priority": GaugeMetricFamily("infinity_queue_slots_in_use_by_priority", "Inputs admitted and not yet "
                                              "answered, by the priority of their requests (those above 0 get 429 "
                                              "beyond max_queued_items_low_priority together)",
@@ -104,6 +110,8 @@ class _EngineClientCollector:
             families["truncated"].add_metric([name], model.served.truncated)
             families["in_use"].add_metric([name], model.pool.capacity - model.pool.free)
             families["slots"].add_metric([name], model.pool.capacity)
+            families["queued_tokens"].add_metric([name], model.served.queued_tokens)
+            families["backlog"].add_metric([name], model.served.backlog_seconds)
             for priority, count in sorted(model.pool.held.items()):
                 families["by_priority"].add_metric([name, str(priority)], count)
         yield info

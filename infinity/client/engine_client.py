@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -121,6 +122,7 @@ class _Pending:
     truncated: list[int] = field(default_factory=list)  # positions of the inputs cut
     info: list[protocol.ImageInfo] | None = None  # what each input was as sent, where that says something
     abandoned: bool = False  # the client went away (or was answered with an error)
+    sent: float = 0.0  # when it was sent to an inference process (monotonic seconds)
 
 
 @dataclass
@@ -352,6 +354,8 @@ class EngineClient:
         pending.info = message.inputs.info
         pending.holder = replica.child
         pending.replica = replica
+        pending.sent = time.monotonic()
+        model.served.queued_tokens += pending.billed
         replica.outstanding += len(pending.slots)
         replica.child.send(protocol.Infer(message.request_id, model.spec.name, pending.slots, message.inputs,
                                           pending.priority))
@@ -370,6 +374,7 @@ class EngineClient:
         served.inputs += len(pending.slots)
         served.prompt_tokens += pending.billed
         served.truncated += len(pending.truncated)
+        served.rate.completed(pending.billed, pending.sent, time.monotonic())
         ragged = None if message.outputs is None else _by_slot(message.outputs)
         pending.future.set_result(Result(pending.model, replica.arena, pending.slots,
                                          pending.billed, pending.costs, pending.truncated, ragged, pending.info))
@@ -402,6 +407,7 @@ class EngineClient:
         pending = self._pending.pop(request_id, None)
         if pending is not None and pending.replica is not None:
             pending.replica.outstanding -= len(pending.slots)
+            pending.model.served.queued_tokens -= pending.billed
         return pending
 
     def _child_exited(self, child: Child) -> None:

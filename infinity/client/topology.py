@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from infinity.config import ServerConfig
 from infinity.shared import devices, protocol, shm
@@ -46,13 +46,56 @@ class Replica:
         self.arena = shm.Arena(info.arena, info.slots, 0 if info.ragged else info.dim, create=False)
 
 
+# The measured rate of a model forgets its past by half in this many seconds: recent enough to
+# follow a change of load, long enough that one odd request does not move it much.
+RATE_HALF_LIFE_S = 60.0
+
+
+class TokenRate:
+    """Tokens a model completes per second while it has work: the tokens of the requests
+    answered over the time they kept it busy (each request from when it was sent, or from
+    the answer before it if later, to its answer), both decaying with `RATE_HALF_LIFE_S`."""
+
+    def __init__(self) -> None:
+        self._tokens = 0.0
+        self._seconds = 0.0
+        self._last: float | None = None  # the last answer's time
+
+    def completed(self, tokens: int, sent: float, now: float) -> None:
+        """A request of `tokens` sent at `sent` (monotonic seconds) was answered at `now`."""
+        busy_from = sent
+        if self._last is not None:
+            decay = 0.5 ** (max(now - self._last, 0.0) / RATE_HALF_LIFE_S)
+            self._tokens *= decay
+            self._seconds *= decay
+            busy_from = max(sent, self._last)
+        self._tokens += tokens
+        self._seconds += max(now - busy_from, 0.0)
+        self._last = now
+
+    @property
+    def per_second(self) -> float | None:
+        """The rate, or None before a request has kept the model busy."""
+        return self._tokens / self._seconds if self._seconds > 0 else None
+
+
 @dataclass
 class Served:
-    """What a model has computed since the server started (read by the metrics)."""
+    """What a model has computed since the server started, and what it holds (read by
+    the metrics)."""
 
     inputs: int = 0
     prompt_tokens: int = 0
     truncated: int = 0
+    queued_tokens: int = 0  # of the requests sent to an inference process and not yet answered
+    rate: TokenRate = field(default_factory=TokenRate)
+
+    @property
+    def backlog_seconds(self) -> float:
+        """How long the model would take to compute what it holds, at its measured rate (0
+        before it has one): what an autoscaler scales on."""
+        rate = self.rate.per_second
+        return self.queued_tokens / rate if rate and self.queued_tokens else 0.0
 
 
 class ServedModel:

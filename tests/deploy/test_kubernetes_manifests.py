@@ -39,7 +39,10 @@ def _documents() -> list[tuple[str, dict[str, Any]]]:
 
 
 DOCUMENTS = _documents()
-OBJECTS = [(name, doc) for name, doc in DOCUMENTS if doc.get("kind") != "Kustomization"]
+# Objects of kinds another project defines (custom resources), which the bundled schemas do
+# not know; each is checked by a test of its own.
+CUSTOM_KINDS = {"ScaledObject"}
+OBJECTS = [(name, doc) for name, doc in DOCUMENTS if doc.get("kind") not in {"Kustomization", *CUSTOM_KINDS}]
 
 
 def _only(kind: str) -> dict[str, Any]:
@@ -253,6 +256,29 @@ def test_autoscalers_target_the_deployment() -> None:
                 assert f'"{name}"' in metrics_source, f"the server exports no metric {name}"
     queue = [m for hpa in hpas for m in hpa["spec"]["metrics"] if m["type"] == "Pods"]
     assert [m["pods"]["metric"]["name"] for m in queue] == ["infinity_queue_slots_in_use"]
+
+
+def test_the_keda_scaler_targets_the_deployment_on_a_metric_the_server_exports() -> None:
+    """optional/keda-backlog.yaml: KEDA's ScaledObject (keda.sh/v1alpha1, no schema here:
+    the fields KEDA reads are checked one by one), scaling the Deployment on the backlog."""
+    (scaler,) = [doc for _, doc in DOCUMENTS if doc.get("kind") == "ScaledObject"]
+    assert scaler["apiVersion"] == "keda.sh/v1alpha1"
+    assert set(scaler["spec"]) <= {"scaleTargetRef", "minReplicaCount", "maxReplicaCount", "pollingInterval",
+                                   "cooldownPeriod", "triggers"}
+    target = scaler["spec"]["scaleTargetRef"]
+    deployment = _only("Deployment")
+    assert (target["apiVersion"], target["kind"], target["name"]) == \
+        ("apps/v1", "Deployment", deployment["metadata"]["name"])
+    assert 1 <= scaler["spec"]["minReplicaCount"] <= scaler["spec"]["maxReplicaCount"]
+    (trigger,) = scaler["spec"]["triggers"]
+    assert trigger["type"] == "prometheus"
+    assert set(trigger["metadata"]) == {"serverAddress", "query", "threshold"}
+    assert trigger["metadata"]["serverAddress"].startswith("http")
+    assert float(trigger["metadata"]["threshold"]) > 0 and isinstance(trigger["metadata"]["threshold"], str)
+    metrics_source = (ROOT.parents[1] / "infinity" / "api" / "metrics.py").read_text()
+    (metric,) = re.findall(r"\b(infinity_\w+)\{", trigger["metadata"]["query"])
+    assert f'"{metric}"' in metrics_source, f"the server exports no metric {metric}"
+    assert metric == "infinity_backlog_seconds"
 
 
 def test_disruption_budget_selects_the_pods_and_lets_one_go() -> None:

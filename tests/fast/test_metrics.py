@@ -86,3 +86,45 @@ def test_metrics_need_no_api_key_and_count_the_refusals():
             assert _value(samples, "infinity_requests_total", route="/v1/embeddings", model="", priority="", status="401") == 1
 
     asyncio.run(test())
+
+
+def test_the_backlog_is_the_tokens_held_over_the_measured_rate():
+    launcher = ThreadLauncher()
+
+    async def test():
+        async with serving(launcher) as client:
+            launcher.gate.clear()
+            held = asyncio.ensure_future(client.post("/v1/embeddings", json={"input": ["a few words here"] * 4}))
+            await asyncio.sleep(0.2)
+            samples = await _scrape(client)
+            queued = _value(samples, "infinity_queued_tokens", model="m")
+            assert queued > 0
+            assert _value(samples, "infinity_backlog_seconds", model="m") == 0  # no rate measured yet
+            await asyncio.sleep(0.1)
+            launcher.gate.set()
+            assert (await held).status == 200
+            samples = await _scrape(client)
+            assert _value(samples, "infinity_queued_tokens", model="m") == 0
+            assert _value(samples, "infinity_backlog_seconds", model="m") == 0
+            launcher.gate.clear()
+            held = asyncio.ensure_future(client.post("/v1/embeddings", json={"input": ["a few words here"] * 4}))
+            await asyncio.sleep(0.2)
+            # The first request's tokens took at least 0.3 s: the same again is at least that much work.
+            backlog = _value(await _scrape(client), "infinity_backlog_seconds", model="m")
+            launcher.gate.set()
+            assert (await held).status == 200
+            assert backlog >= 0.25
+
+    asyncio.run(test())
+
+
+def test_the_token_rate_counts_busy_time_once_and_forgets_the_past():
+    from infinity.client.topology import RATE_HALF_LIFE_S, TokenRate
+
+    rate = TokenRate()
+    assert rate.per_second is None
+    rate.completed(100, sent=0.0, now=1.0)
+    rate.completed(100, sent=0.5, now=1.5)  # overlapping the first: busy from 1.0 only
+    assert abs(rate.per_second - 200 / 1.5) < 1  # (the first decayed by half a second's worth)
+    rate.completed(1000, sent=1.5 + 10 * RATE_HALF_LIFE_S, now=2.5 + 10 * RATE_HALF_LIFE_S)
+    assert 990 < rate.per_second < 1000  # the old figures weigh about a thousandth
