@@ -32,7 +32,7 @@ from infinity.api.embedding import Embedder
 from infinity.api.errors import APIError, error_body, from_kind
 from infinity.api.media_fetch import MediaFetcher
 from infinity.api.types.embeddings import EmbeddingRequest, EmbeddingResponse
-from infinity.client.engine_client import EngineClient, ServingError
+from infinity.client.engine_client import EngineClient, ServingError, at_priority
 from infinity.client.topology import ServedModel
 from infinity.config import Config
 from infinity.corpus.encoder import TRANSIENT
@@ -143,7 +143,9 @@ class Answerer:
             if request.model is not None and request.model != name:
                 raise APIError(404, f"model '{request.model}' is not served here; served models: {name}",
                                param="model", code="model_not_found")
-            response = await self._answered(request)
+            # A line's priority orders it among the file's others, as it would among a server's requests.
+            with at_priority(0 if request.priority is msgspec.UNSET else request.priority):
+                response = await self._answered(request)
         except APIError as exc:
             return exc.status, error_body(exc)
         except ServingError as exc:

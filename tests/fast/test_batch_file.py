@@ -159,3 +159,26 @@ def test_the_command_takes_a_batch_file_and_refuses_a_folder_for_output(tmp_path
         main(["embed", str(source), str(tmp_path)])
     assert caught.value.code == 2
     assert "is a folder; a batch file's output is a file" in capsys.readouterr().err
+
+
+def test_a_lines_priority_is_the_priority_its_request_runs_at() -> None:
+    from types import SimpleNamespace
+
+    from infinity.client import engine_client
+    from infinity.config import Config
+    from infinity.shared.protocol import ErrorKind
+
+    seen: list[int] = []
+
+    class _Client:
+        async def run(self, model, inputs):
+            seen.append(engine_client._PRIORITY.get())
+            raise engine_client.ServingError(ErrorKind.INVALID_INPUT, "recorded")
+
+    model = SimpleNamespace(spec=SimpleNamespace(name="m"), info=None,
+                            kind=SimpleNamespace(sparse=False, late_interaction=False))
+    answerer = Answerer(_Client(), model, Config(), None)  # type: ignore[arg-type]
+    for body in ({"input": "x", "priority": 3}, {"input": "x"}):
+        status, _ = asyncio.run(answerer.answer(msgspec.Raw(json.dumps(body).encode())))
+        assert status == 422
+    assert seen == [3, 0]
