@@ -77,10 +77,16 @@ class PendingRequest:
     remaining: int
     cost: float = 0.0  # its inputs as one pass: fixed cost + padded tokens
     priority: int = 0  # lower is served first
+    arrived: float = 0.0  # the scheduler's clock when it was queued
+    seq: int = 0  # its first input's arrival order
     cancelled: bool = False
     error: str | None = None  # why it failed; it is reported once none of its inputs runs
     # The outputs of a model whose outputs vary in size, by slot, until all are computed.
     outputs: dict[int, np.ndarray] = field(default_factory=dict)
+
+    def urgency(self, now: float) -> int:
+        """Its class now: its priority, raised by one per `AGING_S` waited."""
+        return self.priority - int((now - self.arrived) / AGING_S)
 
 
 @dataclass(eq=False, slots=True)
@@ -96,10 +102,6 @@ class Item:
     seq: int  # arrival order, for fairness
     arrived: float  # the scheduler's clock when it was queued
     tag: float = 0.0  # its virtual start: its place in the fair order between requests
-
-    def urgency(self, now: float) -> int:
-        """Its class now: the request's priority, raised by one per `AGING_S` waited."""
-        return self.request.priority - int((now - self.arrived) / AGING_S)
 
 
 @dataclass
@@ -153,14 +155,24 @@ class _Queue:
     passes: list[RunningPass] = field(default_factory=list)  # batches cut for its lanes and not yet finished
     # Waiting items (cost, seq, item) sorted by `_sort_key`; `_anchor` finds the one a batch is cut around.
     by_cost: list[tuple[int, int, Item]] = field(default_factory=list)
-    waiting_priorities: Counter[int] = field(default_factory=Counter)  # of the items in `by_cost`
+    # The requests with inputs in `by_cost`, and how many: far fewer than the inputs, so what
+    # holds for every waiting input is found from them.
+    waiting_requests: Counter[PendingRequest] = field(default_factory=Counter)
     virtual: float = 0.0  # the virtual time: the tag of the last batch's anchor
 
     def remove(self, items: list[Item]) -> None:
         """Take `items` out of the waiting ones."""
         taken = set(map(id, items))
         self.by_cost = [entry for entry in self.by_cost if id(entry[2]) not in taken]
-        self.waiting_priorities.subtract(item.request.priority for item in items)
+        self.forget(items)
+
+    def forget(self, items: list[Item]) -> None:
+        """Count `items` out of `waiting_requests` (they have left `by_cost`)."""
+        waiting = self.waiting_requests
+        for item in items:
+            waiting[item.request] -= 1
+            if not waiting[item.request]:
+                del waiting[item.request]
 
 
 # A pass holds at most this many times its fixed cost in padded tokens (or one input
@@ -220,14 +232,15 @@ class Scheduler:
         with self._lock:
             waiting = self._queues[queue]
             request = PendingRequest(request_id, queue, len(slots), waiting.pass_overhead_tokens
-                                     + len(costs) * max(costs), priority)
+                                     + len(costs) * max(costs), priority, arrived)
             self._requests[request_id] = request
             tag = waiting.virtual
             for slot, cost, payload in zip(slots, costs, payloads, strict=True):
                 item = Item(request, slot, cost, payload, next(self._seq), arrived, tag)
                 tag += cost
                 bisect.insort(waiting.by_cost, (cost, item.seq, item), key=_sort_key)
-            waiting.waiting_priorities[priority] += len(slots)
+            request.seq = item.seq - len(slots) + 1
+            waiting.waiting_requests[request] += len(slots)
             self._wakeup.notify()
             self._notify_express(waiting)
 
@@ -279,7 +292,7 @@ class Scheduler:
         best, best_priority = None, None
         for name, queue in self._queues.items():
             if queue.express and queue.by_cost and len(queue.passes) >= queue.lanes:
-                priority = min(priority for priority, count in queue.waiting_priorities.items() if count)
+                priority = min(request.priority for request in queue.waiting_requests)
                 if (priority < min(running.priority for running in queue.passes)
                         and (best_priority is None or priority < best_priority)):
                     best, best_priority = name, priority
@@ -386,7 +399,7 @@ class Scheduler:
         best, best_key = None, None
         for name, queue in self._queues.items():
             if queue.by_cost and len(queue.passes) < queue.lanes:
-                key = min((entry[2].urgency(now), entry[1]) for entry in queue.by_cost)
+                key = min((request.urgency(now), request.seq) for request in queue.waiting_requests)
                 if best_key is None or key < best_key:
                     best, best_key = name, key
         return best
@@ -407,18 +420,29 @@ def _cut(queue: _Queue, now: float) -> tuple[list[Item], int]:
     """Remove and return the next batch of `queue`, and its priority: the cheapest group,
     per token, of inputs of similar length around the anchor, of those that may ride
     along with it (`_rides_with`)."""
-    urgency = {id(entry[2]): entry[2].urgency(now) for entry in queue.by_cost}
+    urgency = {request: request.urgency(now) for request in queue.waiting_requests}
     most_urgent = min(urgency.values())
-    anchor_item = queue.by_cost[_anchor(queue.by_cost, queue.pass_overhead_tokens, now,
-                                        lambda item: urgency[id(item)] == most_urgent)][2]
-    entries = [entry for entry in queue.by_cost if _rides_with(entry[2].request, anchor_item.request)]
-    anchor = next(i for i, entry in enumerate(entries) if entry[2] is anchor_item)
+    # Most often every waiting input is of one class and may ride with any other: then the
+    # anchor and the batch come from the waiting list as it is.
+    eligible = (None if all(value == most_urgent for value in urgency.values())
+                else lambda item: urgency[item.request] == most_urgent)
+    anchor = _anchor(queue.by_cost, queue.pass_overhead_tokens, now, eligible)
+    anchor_item = queue.by_cost[anchor][2]
+    whole = all(_rides_with(request, anchor_item.request) for request in urgency)
+    entries = queue.by_cost if whole else [entry for entry in queue.by_cost
+                                           if _rides_with(entry[2].request, anchor_item.request)]
+    if not whole:
+        anchor = next(i for i, entry in enumerate(entries) if entry[2] is anchor_item)
     lo, hi = _window(entries, anchor, queue.max_batch_tokens, queue.max_batch_size)
     lengths = [entry[0] for entry in entries[lo:hi + 1]]
     first, last = _group_of(anchor - lo, split_by_cost(lengths, queue.pass_overhead_tokens,
                                                                   queue.padding_weight))
     batch = [entry[2] for entry in entries[lo + first:lo + last + 1]]
-    queue.remove(batch)
+    if whole:
+        del entries[lo + first:lo + last + 1]
+        queue.forget(batch)
+    else:
+        queue.remove(batch)
     queue.virtual = max(queue.virtual, anchor_item.tag)
     return batch, max(item.request.priority for item in batch)
 
@@ -434,17 +458,21 @@ def _rides_with(request: PendingRequest, anchor: PendingRequest) -> bool:
 
 
 def _anchor(entries: list[tuple[int, int, Item]], overhead_tokens: float, now: float,
-            eligible: Callable[[Item], bool]) -> int:
+            eligible: Callable[[Item], bool] | None) -> int:
     """Index of the input the next batch is built around, among the `eligible` (the most
     urgent class): the first in the fair order (the lowest tag, then the oldest), or the
     first input of the small requests, those costing at most 1 / OVERTAKE_FACTOR of it (a
     pass alone: overhead + length; a request: all its inputs as one pass), if that request
     has waited longer in proportion to its cost. A short input of a large request is no
     small request: it keeps its turn in the fair order."""
-    candidates = [i for i, entry in enumerate(entries) if eligible(entry[2])]
+    candidates = (range(len(entries)) if eligible is None
+                  else [i for i, entry in enumerate(entries) if eligible(entry[2])])
     first = min(candidates, key=lambda i: (entries[i][2].tag, entries[i][1]))
     first_cost = overhead_tokens + entries[first][0]
-    cheap = [i for i in candidates if entries[i][2].request.cost <= first_cost / OVERTAKE_FACTOR]
+    # A request costs at least one of its inputs alone: only the shortest inputs may be small requests'.
+    shortest = bisect.bisect_right(entries, first_cost / OVERTAKE_FACTOR - overhead_tokens, key=lambda e: e[0])
+    cheap = [i for i in (range(shortest) if eligible is None else candidates)
+             if i < shortest and entries[i][2].request.cost <= first_cost / OVERTAKE_FACTOR]
     if not cheap:
         return first
     candidate = min(cheap, key=lambda i: (entries[i][2].tag, entries[i][1]))
