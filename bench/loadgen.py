@@ -115,7 +115,7 @@ def check_response(payload: object, expected: int, encoding_format: str) -> None
         raise ValueError(f"embedding dimensions {sorted(dims)}")
 
 
-class _Corpus:
+class Corpus:
     """Hands out consecutive slices of the corpus, wrapping around at the end."""
 
     def __init__(self, texts: list[str]) -> None:
@@ -217,7 +217,7 @@ async def run_load(config: LoadConfig) -> LoadResult:
     """Run one bounded load against ``config.url`` and return its measurements."""
     url = check_loopback(config.url)
     config = LoadConfig(**{**asdict(config), "url": url})
-    corpus = _Corpus(sentences(config.corpus_size, config.seed))
+    corpus = Corpus(sentences(config.corpus_size, config.seed))
 
     def check(payload: object) -> None:
         check_response(payload, config.batch, config.encoding_format)

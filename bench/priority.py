@@ -35,24 +35,21 @@ from pathlib import Path
 
 from bench.cpu import wait_idle
 from bench.large_inputs import REPO, print_report, start_server
-from bench.loadgen import DEFAULT_MODEL, Window, check_response, closed_loop
+from bench.loadgen import DEFAULT_MODEL, Corpus, Window, check_response, closed_loop
 from workers.inference.corpus import sentences
 
 WARMUP_S = 3.0
 
 
-def _requests(texts: list[str], batch: int, priority: int | None, offset: int) -> Callable[[], tuple[dict, Callable]]:
-    """Bodies of `batch` consecutive corpus texts (from `offset`), at `priority` (None: no field)."""
-    position = [offset]
+def _requests(texts: list[str], batch: int, priority: int | None) -> Callable[[], tuple[dict, Callable]]:
+    """Bodies of `batch` consecutive corpus texts, at `priority` (None: no field)."""
+    corpus = Corpus(texts)
 
     def check(payload: object) -> None:
         check_response(payload, batch, "float")
 
     def next_request() -> tuple[dict, Callable]:
-        start = position[0]
-        position[0] = (start + batch) % len(texts)
-        body: dict[str, object] = {"model": DEFAULT_MODEL, "input": [texts[(start + i) % len(texts)]
-                                                                     for i in range(batch)]}
+        body: dict[str, object] = {"model": DEFAULT_MODEL, "input": corpus.take(batch)}
         if priority is not None:
             body["priority"] = priority
         return body, check
@@ -65,16 +62,16 @@ def _summary(window: Window, batch: int, duration: float) -> dict[str, float]:
             "p50 ms": round(window.percentile(50), 2), "p99 ms": round(window.percentile(99), 2)}
 
 
-def _run(url: str, texts: list[str], batch: int, concurrency: int, priority: int | None, offset: int,
+def _run(url: str, texts: list[str], batch: int, concurrency: int, priority: int | None,
          duration: float, think: float = 0.0) -> Window:
-    return asyncio.run(closed_loop(url, "/v1/embeddings", _requests(texts, batch, priority, offset),
+    return asyncio.run(closed_loop(url, "/v1/embeddings", _requests(texts, batch, priority),
                                    concurrency=concurrency, duration=duration, warmup=WARMUP_S, timeout=120,
                                    think=think))
 
 
 def _bulk_process(url: str, clients: int, batch: int, priority: int | None, duration: float,
                   results: multiprocessing.Queue) -> None:
-    window = _run(url, sentences(20_000, 1), batch, clients, priority, 0, duration)
+    window = _run(url, sentences(20_000, 1), batch, clients, priority, duration)
     results.put(_summary(window, batch, duration))
 
 
@@ -90,7 +87,7 @@ def phase(url: str, duration: float, query: bool, bulk_priority: int | None, cli
         bulk.start()
     if query:
         # Its window lies inside the bulk's: the bulk's warm-up covers its start.
-        report["query"] = _summary(_run(url, sentences(20_000, 0), 1, 1, 0, 10_000, duration, think), 1, duration)
+        report["query"] = _summary(_run(url, sentences(20_000, 0), 1, 1, 0, duration, think), 1, duration)
     if bulk is not None:
         report["bulk"] = results.get(timeout=duration + 300)
         bulk.join(60)

@@ -44,9 +44,7 @@ class Embedder:
         inputs = await self._inputs(model, body)
         if model.kind.sparse:
             return await self._sparse(model, inputs, body)
-        if body.top_k is not None:
-            raise APIError(422, f"top_k applies to sparse models; '{model.spec.name}' is of kind "
-                                f"'{model.spec.kind}'", param="top_k")
+        _refuse_top_k(model, body)
         types = body.output_types(self.config.server.embedding_type)
         if model.kind.late_interaction:
             return await self._multivector(model, inputs, body, types)
@@ -66,9 +64,7 @@ class Embedder:
         if model.kind.ragged:
             raise APIError(422, f"the {model.spec.kind} model '{name}' answers a vector per token or a sparse vector, "
                                 "not rows of one width: binary answers are for dense vectors", param="encoding_format")
-        if body.top_k is not None:
-            raise APIError(422, f"top_k applies to sparse models; '{name}' is of kind '{model.spec.kind}'",
-                           param="top_k")
+        _refuse_top_k(model, body)
         if body.embedding_types is not None or (body.embedding_type or "float") != "float":
             raise APIError(422, "a binary answer holds float values (as embed_dtype); leave embedding_type(s) out",
                            param="embedding_type")
@@ -166,6 +162,13 @@ class Embedder:
             data.append(EmbeddingData(index=i, **({"embedding": vector} if body.embedding_types is None
                                                   else {"embeddings": {"float": vector}})))
         return EmbeddingResponse(data=data, model=name, usage=Usage.of(result))
+
+
+def _refuse_top_k(model: ServedModel, body: EmbeddingRequest) -> None:
+    """`top_k` keeps a sparse vector's largest values: for any other model it is a 422."""
+    if body.top_k is not None:
+        raise APIError(422, f"top_k applies to sparse models; '{model.spec.name}' is of kind "
+                            f"'{model.spec.kind}'", param="top_k")
 
 
 def with_input(body: EmbeddingRequest) -> EmbeddingRequest:

@@ -56,7 +56,7 @@ class Metrics:
         self.inference_time.labels(batch.model).observe(batch.seconds)
         self.batch_size.labels(batch.model).observe(batch.inputs)
         self.batch_tokens.labels(batch.model).observe(batch.tokens)
-        for wait, priority in zip(batch.waits, batch.priorities or [0] * len(batch.waits)):
+        for wait, priority in zip(batch.waits, batch.priorities, strict=True):
             self.queue_time.labels(batch.model, str(priority)).observe(wait)
 
     def exposition(self) -> bytes:

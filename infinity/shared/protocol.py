@@ -340,7 +340,7 @@ class BatchRan(msgspec.Struct, tag=True, array_like=True):
     tokens: int
     waits: list[float]
     seconds: float
-    priorities: list[int] = []
+    priorities: list[int]
 
 
 Message = Tokenize | Tokenized | Infer | Cancel | Done | Failed | Ready | StartupFailed | BatchRan

@@ -92,6 +92,19 @@ def test_a_small_requests_batch_holds_no_inputs_of_a_far_larger_request():
     assert _requests(scheduler.next_batch()) == [1]
 
 
+def test_a_short_input_of_a_large_request_does_not_overtake_as_a_small_request_would():
+    clock = _Clock()
+    scheduler = Scheduler(clock)
+    scheduler.add_queue("m", QueuePolicy(1000, 1, 30, lanes=100))  # one input per batch
+    _submit(scheduler, 1, [256])  # one long input: 286 as a pass
+    clock.now = 0.5
+    _submit(scheduler, 2, [10] * 8)  # each input 40 alone, the request 110: over a quarter of 286
+    _submit(scheduler, 3, [10])  # 40: a small request
+    clock.now = 1.0  # per cost, requests 2 and 3 have waited longer than request 1
+    assert _requests(scheduler.next_batch()) == [3]
+    assert _requests(scheduler.next_batch()) == [1]
+
+
 def test_requests_of_one_class_take_turns():
     scheduler, _ = _scheduler(max_size=2)
     _submit(scheduler, 1, [10] * 6)

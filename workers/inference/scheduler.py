@@ -110,8 +110,12 @@ class Batch:
     items: list[Item]
     wide: bool = False  # run on every core: the other lanes are held idle for it
     express: bool = False  # run on the express lane, beside the queue's lanes
-    priority: int = 0  # its least urgent input's
     running: RunningPass | None = None  # its record among its queue's passes (not for the express lane)
+
+    @property
+    def priority(self) -> int:
+        """Its least urgent input's."""
+        return _least_urgent(self.items)
 
 
 @dataclass(frozen=True)
@@ -139,8 +143,8 @@ class RunningPass:
     priority: int  # its least urgent input's
 
     @classmethod
-    def of(cls, queue: _Queue, items: list[Item], priority: int) -> RunningPass:
-        return cls(_longest_cost(queue, items), min(item.request.cost for item in items), priority)
+    def of(cls, queue: _Queue, items: list[Item]) -> RunningPass:
+        return cls(_longest_cost(queue, items), min(item.request.cost for item in items), _least_urgent(items))
 
 
 @dataclass
@@ -234,13 +238,14 @@ class Scheduler:
             request = PendingRequest(request_id, queue, len(slots), waiting.pass_overhead_tokens
                                      + len(costs) * max(costs), priority, arrived)
             self._requests[request_id] = request
-            tag = waiting.virtual
-            for slot, cost, payload in zip(slots, costs, payloads, strict=True):
-                item = Item(request, slot, cost, payload, next(self._seq), arrived, tag)
-                tag += cost
-                bisect.insort(waiting.by_cost, (cost, item.seq, item), key=_sort_key)
-            request.seq = item.seq - len(slots) + 1
-            waiting.waiting_requests[request] += len(slots)
+            # Each input starts where the ones before it in the request end.
+            tags = itertools.accumulate(costs[:-1], initial=waiting.virtual)
+            items = [Item(request, slot, cost, payload, next(self._seq), arrived, tag)
+                     for slot, cost, payload, tag in zip(slots, costs, payloads, tags, strict=True)]
+            for item in items:
+                bisect.insort(waiting.by_cost, (item.cost, item.seq, item), key=_sort_key)
+            request.seq = items[0].seq
+            waiting.waiting_requests[request] += len(items)
             self._wakeup.notify()
             self._notify_express(waiting)
 
@@ -275,14 +280,12 @@ class Scheduler:
             while (model := self._urgent_model()) is None and (found := self._express_request()) is None:
                 self._express_wakeup.wait()
             if model is not None:
-                queue = self._queues[model]
-                items, priority = _cut(queue, self._clock())
-                return Batch(model, items, express=True, priority=priority)
+                return Batch(model, _cut(self._queues[model], self._clock()), express=True)
             model, request = found
             queue = self._queues[model]
             items = [entry[2] for entry in queue.by_cost if entry[2].request is request]
             queue.remove(items)
-        return Batch(model, items, express=True, priority=request.priority)
+        return Batch(model, items, express=True)
 
     def _urgent_model(self) -> str | None:
         """The express model whose lanes all run passes less urgent than an input waiting
@@ -335,16 +338,16 @@ class Scheduler:
         if self._shares:
             return self._shares.popleft()
         queue = self._queues[model]
-        items, priority = _cut(queue, self._clock())
+        items = _cut(queue, self._clock())
         idle = self._idle - len(self._shares)  # lanes waiting and not yet handed a share
         if len(items) == 1 and queue.widens and idle == self.lanes - 1:
             self._wide = True
-            running = RunningPass.of(queue, items, priority)
+            running = RunningPass.of(queue, items)
             queue.passes.append(running)
-            return Batch(model, items, wide=True, priority=priority, running=running)
+            return Batch(model, items, wide=True, running=running)
         parts = 1 + max(0, min(idle, queue.lanes - len(queue.passes) - 1, len(items) - 1))
-        batches = [Batch(model, items[i::parts], priority=priority,
-                         running=RunningPass.of(queue, items[i::parts], priority)) for i in range(parts)]
+        batches = [Batch(model, items[i::parts], running=RunningPass.of(queue, items[i::parts]))
+                   for i in range(parts)]
         queue.passes.extend(batch.running for batch in batches)
         self._shares.extend(batches[1:])
         self._wakeup.notify(parts - 1)
@@ -416,10 +419,10 @@ def _longest_cost(queue: _Queue, items: list[Item]) -> float:
     return queue.pass_overhead_tokens + max(item.cost for item in items)
 
 
-def _cut(queue: _Queue, now: float) -> tuple[list[Item], int]:
-    """Remove and return the next batch of `queue`, and its priority: the cheapest group,
-    per token, of inputs of similar length around the anchor, of those that may ride
-    along with it (`_rides_with`)."""
+def _cut(queue: _Queue, now: float) -> list[Item]:
+    """Remove and return the next batch of `queue`: the cheapest group, per token, of
+    inputs of similar length around the anchor, of those that may ride along with it
+    (`_rides_with`)."""
     urgency = {request: request.urgency(now) for request in queue.waiting_requests}
     most_urgent = min(urgency.values())
     # Most often every waiting input is of one class and may ride with any other: then the
@@ -444,7 +447,11 @@ def _cut(queue: _Queue, now: float) -> tuple[list[Item], int]:
     else:
         queue.remove(batch)
     queue.virtual = max(queue.virtual, anchor_item.tag)
-    return batch, max(item.request.priority for item in batch)
+    return batch
+
+
+def _least_urgent(items: list[Item]) -> int:
+    return max(item.request.priority for item in items)
 
 
 def _rides_with(request: PendingRequest, anchor: PendingRequest) -> bool:

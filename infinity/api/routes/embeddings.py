@@ -42,7 +42,6 @@ async def embeddings(request: web.Request, body: EmbeddingRequest,
     them. `kinds`: those of the route asked (a media route serves fewer)."""
     model = served_model(request, body.model, kinds)
     if body.encoding_format == "bytes" or _accepts_bytes_only(request.headers.get("Accept", "")):
-        body = msgspec.structs.replace(body, encoding_format="bytes")
         return RawAnswer(await _embedder(request).embeddings_bytes(model, body), binary.CONTENT_TYPE)
     return await _embedder(request).embeddings(model, body)
 
