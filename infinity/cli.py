@@ -17,6 +17,7 @@ from aiohttp import web
 
 from infinity.config import Config, ConfigError, ServerConfig, load_config, load_one_model
 from infinity.api.connections import ConnectionGuard, ConnectionLimits, GuardedSite
+from infinity.shared import tracing
 from infinity.shared.protocol import ModelSpec
 
 if TYPE_CHECKING:
@@ -143,16 +144,20 @@ def main(argv: list[str] | None = None) -> None:
                              model_name=args.served_name)
         logging.basicConfig(level=config.server.log_level.upper(),
                             format="%(asctime)s %(levelname)s [front] %(message)s")
+        tracing.configure("front")
         from infinity.folders.resolve import resolve_replicas
 
         from infinity.shared.devices import cpu_computes_bfloat16
 
         cpu_bfloat16 = config.server.auto_bfloat16 and cpu_computes_bfloat16()
         specs = [spec for model in config.models for spec in resolve_replicas(model, cpu_bfloat16)]
-    except ConfigError as exc:
+    except (ConfigError, tracing.TracingUnavailable) as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)
-    sys.exit(_serve(config, specs))
+    try:
+        sys.exit(_serve(config, specs))
+    finally:
+        tracing.uninstall()  # exports the front end's last spans
 
 
 def _embed(args: argparse.Namespace) -> int:

@@ -14,11 +14,12 @@ from collections.abc import Callable
 
 from tqdm import tqdm
 
-from infinity.shared import protocol
+from infinity.shared import protocol, tracing
 from infinity.shared.channel import ChannelToFront
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_NAME = 15
+TRACES_FLUSH_S = 1.0  # the longest a child stopping waits to export its last spans
 
 
 def run_child(args: protocol.WorkerArgs, serve: Callable[[protocol.WorkerArgs, ChannelToFront], None]) -> None:
@@ -56,11 +57,15 @@ def start_child(args: protocol.WorkerArgs) -> ChannelToFront:
         level=args.log_level.upper(), stream=sys.stderr,
         format=f"%(asctime)s %(levelname)s [{args.name}] %(message)s",
     )
+    if args.traced:
+        tracing.configure(args.name)
     return ChannelToFront(args.channel)
 
 
 def _exit_on_sigterm(signum: int, frame: object) -> None:
     """Leave at once: the front end owns every shared resource (arenas, endpoint files) and
     the drain happened before it sent SIGTERM; tearing down ZeroMQ under a thread that is
-    still using it would only risk a crash or a hang."""
+    still using it would only risk a crash or a hang. Spans not yet exported go first,
+    where tracing is on."""
+    tracing.flush(TRACES_FLUSH_S)
     os._exit(0)

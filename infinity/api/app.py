@@ -30,10 +30,11 @@ from infinity.api.errors import APIError, ServingError, error_response, from_kin
 from infinity.client.engine_client import EngineClient, StartupError, at_priority
 from infinity.api.routes import ROUTES, Route
 from infinity.api.media_fetch import MediaFetcher
-from infinity.api.metrics import METRICS, PRIORITY, Metrics, record_request, serve_metrics
+from infinity.api.metrics import METRICS, MODEL, PRIORITY, Metrics, record_request, serve_metrics
 from infinity.api.routes.common import CONFIG, ENGINE_CLIENT, FETCHER, KIND_ROUTES, RawAnswer
 from infinity.api.decode import decode_body
 from infinity.api.types.common import ModelRequest
+from infinity.shared import tracing
 from infinity.shared.kinds import KINDS
 from infinity.shared.protocol import ModelSpec
 from infinity.client.supervisor import Launch, spawn_process
@@ -53,10 +54,9 @@ def create_app(config: Config, specs: list[ModelSpec], launch: Launch = spawn_pr
     server = config.server
     client = EngineClient(server, specs, launch, config.media)
     metrics = Metrics(client, version("infinity-serve"))
-    app = web.Application(
-        client_max_size=server.max_request_bytes,
-        middlewares=[record_request(metrics), _json_errors, _authorization(config.key_priorities()), track_request],
-    )
+    middlewares = [record_request(metrics), _json_errors, _authorization(config.key_priorities()), track_request]
+    app = web.Application(client_max_size=server.max_request_bytes,
+                          middlewares=[_traced, *middlewares] if tracing.tracer() is not None else middlewares)
     app[CONFIG] = config
     app[ENGINE_CLIENT] = client
     app[METRICS] = metrics
@@ -114,6 +114,35 @@ async def _serve_docs(request: web.Request) -> web.Response:
 
 
 # --- middlewares ------------------------------------------------------------------------
+
+@web.middleware
+async def _traced(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """The outermost middleware where tracing is on: the request's server span, a child of
+    the client's `traceparent` if it sent one, current while the request is served."""
+    from opentelemetry.trace import SpanKind, Status, StatusCode
+
+    tracer = tracing.tracer()
+    assert tracer is not None
+    resource = request.match_info.route.resource
+    route = resource.canonical if resource is not None else None
+    with tracer.start_as_current_span(f"{request.method} {route}" if route else request.method,
+                                      tracing.parent_context(request.headers), kind=SpanKind.SERVER,
+                                      attributes={"http.request.method": request.method, "url.path": request.path,
+                                                  **({"http.route": route} if route else {})}) as span:
+        status = 500
+        try:
+            response = await handler(request)
+            status = response.status
+            return response
+        finally:
+            tracing.encoded(span)
+            span.set_attribute("http.response.status_code", status)
+            for key, attribute in ((MODEL, "infinity.model"), (PRIORITY, "infinity.priority")):
+                if key in request:
+                    span.set_attribute(attribute, request[key])
+            if status >= 500:
+                span.set_status(Status(StatusCode.ERROR))
+
 
 @web.middleware
 async def _json_errors(request: web.Request, handler: Handler) -> web.StreamResponse:

@@ -36,7 +36,7 @@ import msgspec
 from infinity.client.supervisor import Child, Launch, spawn_process
 from infinity.client.topology import Replica, ServedModel, place
 from infinity.config import MediaConfig, ServerConfig
-from infinity.shared import protocol, shm
+from infinity.shared import protocol, shm, tracing
 from infinity.shared.kinds import KINDS
 from infinity.shared.protocol import ModelSpec
 
@@ -116,6 +116,7 @@ class _Pending:
     future: asyncio.Future[Result]
     holder: Child | None  # None: tokenized in the front end, not yet sent anywhere
     priority: int = 0
+    trace: str | None = None  # its traceparent, where it is traced
     replica: Replica | None = None  # where it was sent to run
     costs: list[int] = field(default_factory=list)  # each input's tokens (or a medium's cost)
     billed: int = 0
@@ -223,6 +224,7 @@ class EngineClient:
             arena_slots=self._server.max_queued_items, log_level=self._server.log_level,
             max_image_bytes=self._media.max_image_bytes, max_image_pixels=self._media.max_image_pixels,
             max_audio_bytes=self._media.max_audio_bytes, max_audio_seconds=self._media.max_audio_seconds,
+            traced=tracing.tracer() is not None,
         )
 
     @property
@@ -257,7 +259,7 @@ class EngineClient:
         limit = model.spec.max_input_chars
         request = protocol.Tokenize(self._next_id, model.spec.name, _within(inputs.texts, limit), inputs.token_ids,
                                     _within([inputs.query], limit)[0] if inputs.query is not None else None,
-                                    inputs.task, inputs.media)
+                                    inputs.task, inputs.media, trace=tracing.traceparent())
         if tokenizer is not None:
             try:
                 tokenizer.send(request)
@@ -266,13 +268,15 @@ class EngineClient:
                 raise
             self._outstanding[tokenizer.name] += 1
         pending = _Pending(self._next_id, model, slots, asyncio.get_running_loop().create_future(), tokenizer,
-                           priority)
+                           priority, request.trace)
         self._pending[pending.request_id] = pending
         if inline is not None:
             answer = reply(inline.tokenize, request)
             self._handlers[type(answer)](answer)
         try:
-            return await pending.future
+            result = await pending.future
+            tracing.outputs_arrived()
+            return result
         except asyncio.CancelledError:
             self._abandon(pending)
             raise
@@ -349,7 +353,7 @@ class EngineClient:
                                                f"model '{model.spec.name}' is restarting; retry shortly"))
             return
         pending.billed = message.inputs.billed
-        pending.costs = _costs(message.inputs)
+        pending.costs = message.inputs.costs
         pending.truncated = message.truncated
         pending.info = message.inputs.info
         pending.holder = replica.child
@@ -358,7 +362,7 @@ class EngineClient:
         model.served.queued_tokens += pending.billed
         replica.outstanding += len(pending.slots)
         replica.child.send(protocol.Infer(message.request_id, model.spec.name, pending.slots, message.inputs,
-                                          pending.priority))
+                                          pending.priority, pending.trace))
 
     def _on_done(self, message: protocol.Done) -> None:
         pending = self._take(message.request_id)
@@ -481,11 +485,6 @@ def _within(texts: list[str] | None, limit: int) -> list[str] | None:
     if texts is None or all(len(text) <= limit for text in texts):
         return texts
     return [text[:limit + 1] for text in texts]
-
-
-def _costs(inputs: protocol.Inputs) -> list[int]:
-    """What each input costs a pass: its tokens, or a medium's cost."""
-    return inputs.lengths if isinstance(inputs, protocol.TokenInputs) else inputs.costs
 
 
 def _by_slot(outputs: protocol.Ragged) -> dict[int, np.ndarray]:

@@ -117,6 +117,7 @@ class WorkerArgs(msgspec.Struct, frozen=True):
     max_image_pixels: int = 40_000_000
     max_audio_bytes: int = 25 * 1024 * 1024
     max_audio_seconds: float = 60.0
+    traced: bool = False  # the front end traces requests: export this child's spans (`infinity.shared.tracing`)
 
 
 class ModelInfo(msgspec.Struct, frozen=True, array_like=True):
@@ -155,6 +156,7 @@ class Tokenize(msgspec.Struct, tag=True, array_like=True):
     # each the bytes fetched from a URL, or a data: URI's ASCII bytes (no image or audio
     # file starts with "data:"); decoded in the tokenizer process.
     media: list[bytes] | None = None
+    trace: str | None = None  # the request's W3C traceparent, where it is traced (`infinity.shared.tracing`)
 
 
 class TokenMasks(msgspec.Struct, array_like=True):
@@ -191,6 +193,11 @@ class TokenInputs(msgspec.Struct, tag="tokens", array_like=True):
     def billed(self) -> int:
         """Tokens the request is billed (`usage`)."""
         return sum(self.lengths) - self.added
+
+    @property
+    def costs(self) -> list[int]:
+        """What each input costs a pass: its tokens."""
+        return self.lengths
 
     @property
     def info(self) -> None:
@@ -258,6 +265,7 @@ class Infer(msgspec.Struct, tag=True, array_like=True):
     slots: list[int]
     inputs: Inputs
     priority: int = 0
+    trace: str | None = None  # as `Tokenize.trace`
 
 
 class Cancel(msgspec.Struct, tag=True, array_like=True):

@@ -34,17 +34,17 @@ EXPECTED = {
     "cpu": {
         "base": r"python:3\.11\.\d+-slim-bookworm",
         "torch_index": "https://download.pytorch.org/whl/cpu",
-        "extras": {"ctranslate2", "onnx", "images", "audio"},
+        "extras": {"ctranslate2", "onnx", "images", "audio", "otel"},
     },
     "cuda": {
         "base": r"nvidia/cuda:13\.0\.\d+-runtime-ubuntu\d\d\.\d\d",  # torch 2.13.0 on PyPI: CUDA 13.0
         "torch_index": "https://pypi.org/simple",
-        "extras": {"ctranslate2-cuda", "onnx-gpu", "images", "audio"},
+        "extras": {"ctranslate2-cuda", "onnx-gpu", "images", "audio", "otel"},
     },
     "rocm": {
         "base": r"rocm/dev-ubuntu-\d\d\.\d\d:7\.2(\.\d+)?",  # torch 2.13.0's ROCm build: 7.2
         "torch_index": "https://download.pytorch.org/whl/rocm7.2",
-        "extras": {"images", "audio"},
+        "extras": {"images", "audio", "otel"},
     },
 }
 

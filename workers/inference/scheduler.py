@@ -81,6 +81,8 @@ class PendingRequest:
     seq: int = 0  # its first input's arrival order
     cancelled: bool = False
     error: str | None = None  # why it failed; it is reported once none of its inputs runs
+    trace: str | None = None  # its traceparent, where it is traced
+    ran: bool = False  # an input of it has been cut into a batch (its queue wait is over)
     # The outputs of a model whose outputs vary in size, by slot, until all are computed.
     outputs: dict[int, np.ndarray] = field(default_factory=dict)
 
@@ -229,14 +231,14 @@ class Scheduler:
         return any(queue.express for queue in self._queues.values())
 
     def submit(self, request_id: int, queue: str, slots: list[int], costs: list[int], payloads: list,
-               priority: int = 0) -> None:
+               priority: int = 0, trace: str | None = None) -> None:
         """Queue a request's inputs on `queue`: each its arena slot, its cost and its payload;
-        `priority`: lower is served first."""
+        `priority`: lower is served first; `trace`: its traceparent, where it is traced."""
         arrived = self._clock()
         with self._lock:
             waiting = self._queues[queue]
             request = PendingRequest(request_id, queue, len(slots), waiting.pass_overhead_tokens
-                                     + len(costs) * max(costs), priority, arrived)
+                                     + len(costs) * max(costs), priority, arrived, trace=trace)
             self._requests[request_id] = request
             # Each input starts where the ones before it in the request end.
             tags = itertools.accumulate(costs[:-1], initial=waiting.virtual)

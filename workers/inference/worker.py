@@ -21,6 +21,7 @@ import os
 import re
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -29,7 +30,7 @@ from functools import partial
 import numpy as np
 from numpy.lib.format import dtype_to_descr
 
-from infinity.shared import devices, protocol
+from infinity.shared import devices, protocol, tracing
 from infinity.shared.channel import ChannelClosed, ChannelToFront
 from infinity.shared.kinds import KINDS
 from infinity.shared.protocol import ModelSpec
@@ -190,9 +191,12 @@ def _run(batch: Batch, queue: _Queue, scheduler: Scheduler, channel: ChannelToFr
         else:
             queue.arena.rows[[item.slot for item in batch.items]] = vectors
         finished = scheduler.finish(batch)
+        end = time.monotonic()
         messages = [protocol.BatchRan(queue_model(batch.queue), len(batch.items), padded,
-                                      [start - item.arrived for item in batch.items], time.monotonic() - start,
+                                      [start - item.arrived for item in batch.items], end - start,
                                       [item.request.priority for item in batch.items])]
+        if tracing.tracer() is not None:
+            _trace(batch, queue, padded, start, end)
     for request in finished:
         if request.error is not None:
             messages.append(protocol.Failed(request.request_id, protocol.ErrorKind.INTERNAL, request.error))
@@ -201,6 +205,29 @@ def _run(batch: Batch, queue: _Queue, scheduler: Scheduler, channel: ChannelToFr
             messages.append(protocol.Done(request.request_id, request.cancelled, outputs))
     if messages:
         channel.send(*messages)
+
+
+_FIRST_BATCH_LOCK = threading.Lock()
+
+
+def _trace(batch: Batch, queue: _Queue, padded: int, start: float, end: float) -> None:
+    """The spans of a batch that ran, in the trace of each traced request it held inputs of:
+    the request's queue wait, if this is its first batch, and the pass."""
+    inputs_of = Counter(item.request for item in batch.items if item.request.trace is not None)
+    attributes = {"infinity.model": queue_model(batch.queue), "infinity.batch.inputs": len(batch.items),
+                  "infinity.batch.padded_tokens": padded, "infinity.engine": queue.model.engine.name,
+                  "infinity.dtype": queue.model.dtype, "infinity.batch.wide": batch.wide,
+                  "infinity.batch.express": batch.express}
+    wall_ns = tracing.monotonic_to_wall_ns()
+    for request, inputs in inputs_of.items():
+        assert request.trace is not None
+        with _FIRST_BATCH_LOCK:  # lanes finish batches of one request at once
+            first, request.ran = not request.ran, True
+        if first:
+            tracing.record_span("queue", request.trace, wall_ns(request.arrived), wall_ns(start),
+                                **{"infinity.priority": request.priority})
+        tracing.record_span("batch", request.trace, wall_ns(start), wall_ns(end), **attributes,
+                            **{"infinity.request.inputs": inputs})
 
 
 def _ragged(outputs: dict[int, np.ndarray]) -> protocol.Ragged:
@@ -236,7 +263,7 @@ def _take_message(message: protocol.Message, channel: ChannelToFront, scheduler:
             queue, (costs, items) = message.model, token_items(inputs)
         else:
             queue, (costs, items) = media_queue(message.model), feature_items(inputs)
-        scheduler.submit(message.request_id, queue, message.slots, costs, items, message.priority)
+        scheduler.submit(message.request_id, queue, message.slots, costs, items, message.priority, message.trace)
     elif isinstance(message, protocol.Cancel):
         dropped, finished = scheduler.cancel(message.request_id)
         log.info("request %d: client gone, %d waiting inputs dropped", message.request_id, dropped)

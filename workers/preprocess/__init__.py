@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from infinity.shared import protocol
+from infinity.shared import protocol, tracing
 
 log = logging.getLogger(__name__)
 
@@ -24,7 +24,18 @@ def reply(prepare: Callable[[protocol.Tokenize], protocol.Tokenized],
           request: protocol.Tokenize) -> protocol.Tokenized | protocol.Failed:
     """The answer to `request` as `prepare` (a tokenizer's, or an image preprocessor's)
     makes it: its inputs ready for the model, an invalid input, or an internal failure if
-    `prepare` itself fails (which must not take its process down)."""
+    `prepare` itself fails (which must not take its process down); in a `tokenize` span
+    where the request is traced."""
+    with tracing.span("tokenize", request.trace) as span:
+        answer = _answer(prepare, request)
+        if span is not None and isinstance(answer, protocol.Tokenized):
+            span.set_attributes({"infinity.model": request.model, "infinity.inputs": len(answer.inputs.costs),
+                                 "infinity.tokens": answer.inputs.billed})
+    return answer
+
+
+def _answer(prepare: Callable[[protocol.Tokenize], protocol.Tokenized],
+            request: protocol.Tokenize) -> protocol.Tokenized | protocol.Failed:
     try:
         return prepare(request)
     except InputError as exc:
