@@ -26,6 +26,8 @@ def reply(prepare: Callable[[protocol.Tokenize], protocol.Tokenized],
     makes it: its inputs ready for the model, an invalid input, or an internal failure if
     `prepare` itself fails (which must not take its process down); in a `tokenize` span
     where the request is traced."""
+    if request.trace is None:
+        return _answer(prepare, request)
     with tracing.span("tokenize", request.trace) as span:
         answer = _answer(prepare, request)
         if span is not None and isinstance(answer, protocol.Tokenized):
