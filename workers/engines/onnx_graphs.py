@@ -1,0 +1,195 @@
+"""What the engines that run torch's ONNX export of a model share (ONNX Runtime, which
+optimises the graphs for its sessions, and OpenVINO, which compiles them): the export, and
+how its graphs run in lanes.
+
+`export_graphs` writes, with torch's own exporter (`torch.export` based, dynamic batch and
+sequence axes; no optimum needed), the text graph (`GRAPH`: ids, mask and, where the model
+takes them, token segments -> the raw output asked for text) and, for a two-tower model,
+its vision tower (`VISION_GRAPH`: pixel values -> its projected pooled output), in
+float32. `export_settings` is what those graphs depend on, for an engine's cache key
+(`workers.engines.artifacts`). `GraphEngine` runs a folder of them as the `Engine`
+protocol asks, through a runtime's `CompiledGraph`s.
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+import inspect
+import logging
+import warnings
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+import torch
+
+from infinity.shared import devices
+from infinity.shared.kinds import TEXT, RawOutput
+from infinity.shared.protocol import ModelSpec
+from workers.engines.base import auto_class, model_output, pad_id
+from workers.engines.lanes import settle_wide_copy, wants_copy
+
+GRAPH = "model.onnx"
+VISION_GRAPH = "vision.onnx"  # a two-tower model's vision tower, beside its text tower in GRAPH
+# Above this many bytes of weights, ONNX's 2 GB protobuf limit needs the weights beside the graph.
+_EXTERNAL_DATA_BYTES = 1 << 30
+
+
+@dataclass(frozen=True)
+class ExportedGraphs:
+    """What `export_graphs` wrote, as a tool that rewrites the graphs needs to know it."""
+
+    config: object  # the transformers config of the exported model (its head count, hidden size)
+    external: bool  # the weights lie beside the graphs, not in them (`_EXTERNAL_DATA_BYTES`)
+    two_towers: bool  # a vision tower was exported too (`VISION_GRAPH`)
+
+
+def export_settings(outputs: Mapping[str, RawOutput]) -> dict[str, str]:
+    """What the exported graphs of a model giving `outputs` depend on besides its files."""
+    import onnx
+    import transformers
+
+    return {"output": str(outputs[TEXT]), "torch": torch.__version__, "transformers": transformers.__version__,
+            "onnx": onnx.__version__}
+
+
+@contextlib.contextmanager
+def quiet_logging() -> Iterator[None]:
+    """No INFO records meanwhile: the exporter, and ONNX Runtime's optimiser and quantiser,
+    log every step at INFO."""
+    logging.disable(logging.INFO)
+    try:
+        yield
+    finally:
+        logging.disable(logging.NOTSET)
+
+
+class _Vision(torch.nn.Module):
+    """A two-tower model's vision tower: pixel values -> its projected pooled output."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        return model_output(self.model, {"pixel_values": pixel_values}, RawOutput.IMAGE_FEATURES)
+
+
+class _Forward(torch.nn.Module):
+    """The transformers module with plain tensor inputs and one output: token states, or a
+    head's logits."""
+
+    def __init__(self, model: torch.nn.Module, output: RawOutput) -> None:
+        super().__init__()
+        self.model = model
+        self.output = output
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
+        extra = {} if token_type_ids is None else {"token_type_ids": token_type_ids}
+        return model_output(self.model, {"input_ids": input_ids, "attention_mask": attention_mask, **extra}, self.output)
+
+
+def _takes_token_types(model: torch.nn.Module) -> bool:
+    return "token_type_ids" in inspect.signature(model.forward).parameters
+
+
+def export_graphs(spec: ModelSpec, outputs: Mapping[str, RawOutput], folder: Path) -> ExportedGraphs:
+    """Write `spec`'s model giving `outputs` into `folder` as `GRAPH` (and, for a two-tower
+    model, `VISION_GRAPH`), float32 with dynamic batch and sequence axes."""
+    output = outputs[TEXT]
+    # Eager attention exports to plain MatMul/Softmax, which onnxruntime fuses better than
+    # the exported SDPA.
+    model = auto_class(output, spec).from_pretrained(spec.path, dtype=torch.float32, attn_implementation="eager").eval()
+    external = sum(p.numel() * p.element_size() for p in model.parameters()) > _EXTERNAL_DATA_BYTES
+    names = ["input_ids", "attention_mask"] + (["token_type_ids"] if _takes_token_types(model) else [])
+    # A padded sample with batch and length above 1, so neither axis is specialised and the
+    # mask is traced as data, not as a constant.
+    ids = torch.full((2, 8), pad_id(spec) + 1, dtype=torch.int64)
+    mask = torch.ones_like(ids)
+    mask[1, 5:] = 0
+    sample = (ids, mask, torch.zeros_like(ids))[:len(names)]
+    batch, length = torch.export.Dim("batch"), torch.export.Dim("length")
+    folder.mkdir(parents=True, exist_ok=True)
+    _export(_Forward(model, output), sample, folder / GRAPH, names, {n: {0: batch, 1: length} for n in names},
+            external)
+    two_towers = RawOutput.IMAGE_FEATURES in outputs.values()
+    if two_towers:
+        vision = model.config.vision_config
+        side = int(vision.image_size)
+        pixels = torch.zeros((2, int(getattr(vision, "num_channels", 3)), side, side))
+        _export(_Vision(model), (pixels,), folder / VISION_GRAPH, ["pixel_values"], {"pixel_values": {0: batch}},
+                external)
+    return ExportedGraphs(model.config, external, two_towers)
+
+
+def _export(module: torch.nn.Module, sample: tuple[torch.Tensor, ...], path: Path, names: list[str],
+            dynamic_shapes: dict[str, dict[int, object]], external: bool) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(module, sample, str(path), input_names=names, output_names=["output"],
+                          dynamic_shapes=dynamic_shapes, dynamo=True, external_data=external, verbose=False)
+
+
+class CompiledGraph(Protocol):
+    """One graph as a runtime compiled it, run from any thread."""
+
+    input_names: list[str]  # the inputs the graph takes: a model may take no token segments
+
+    def __call__(self, feeds: Mapping[str, np.ndarray]) -> np.ndarray:
+        """The graph's one output for `feeds`, its inputs by name."""
+        ...
+
+
+class GraphEngine(abc.ABC):
+    """An engine running the graphs `export_graphs` wrote into a folder. On the CPU,
+    single-threaded runs of the text graph at once, a lane each: more sentences/s than one
+    run on every thread (bench/results/code-choices.md#figures-behind-the-code-choices);
+    one more for the express lane; for small models a copy on every thread for a lone
+    input, kept where it pays (`workers.engines.lanes`). Images run one pass at a time on
+    every thread: as many images/s as a lane per core, and a lone image is not left to one
+    core (bench/results/images.md#onnx-towers).
+
+    A runtime gives `_compile(graph, device, threads, runs)`: `graph` on `threads` threads
+    per run, `runs` of them at once (`express_beside_lanes`: more where it can)."""
+
+    on_caller_threads = False  # its threads are its own
+    # Whether the lanes' graph also runs the express lane's pass beside theirs (ONNX
+    # Runtime: a session runs as many at once as are asked); else the express lane gets a
+    # copy of its own, made with the wide copy.
+    express_beside_lanes: bool
+
+    def __init__(self, folder: Path, spec: ModelSpec, threads: int, outputs: Mapping[str, RawOutput]) -> None:
+        on_cpu = devices.is_cpu(spec.device)
+        self.lanes = threads if on_cpu else 1
+        self._graph = self._compile(folder / GRAPH, spec.device, 1 if on_cpu else threads, self.lanes)
+        two_towers = RawOutput.IMAGE_FEATURES in outputs.values()
+        self._vision = self._compile(folder / VISION_GRAPH, spec.device, threads, 1) if two_towers else None
+        copies = wants_copy(folder / GRAPH if two_towers else folder, self.lanes)
+        self._wide = self._compile(folder / GRAPH, spec.device, threads, 1) if copies else None
+        express_copy = copies and not self.express_beside_lanes
+        self._express = self._compile(folder / GRAPH, spec.device, 1, 1) if express_copy else None
+        self.express = self.lanes > 1 and (self.express_beside_lanes or express_copy)
+        self.pad_id = pad_id(spec)
+        settle_wide_copy(self, spec.max_length)
+
+    @abc.abstractmethod
+    def _compile(self, graph: Path, device: str, threads: int, runs: int) -> CompiledGraph: ...
+
+    @torch.inference_mode()
+    def forward(self, input_ids: np.ndarray, attention_mask: np.ndarray,
+                token_type_ids: np.ndarray, wide: bool = False, express: bool = False) -> torch.Tensor:
+        given = {"input_ids": input_ids, "attention_mask": attention_mask, "token_type_ids": token_type_ids}
+        graph = (self._wide if wide and self._wide is not None
+                 else self._express if express and self._express is not None else self._graph)
+        return torch.from_numpy(graph({name: given[name] for name in graph.input_names}))
+
+    @torch.inference_mode()
+    def forward_media(self, arrays: Mapping[str, np.ndarray]) -> torch.Tensor:
+        """A two-tower model's vision tower on the inputs its graph names (`pixel_values`:
+        (n, channels, height, width) float32) -> (n, dim), its projected pooled output."""
+        assert self._vision is not None
+        return torch.from_numpy(self._vision({name: arrays[name] for name in self._vision.input_names}))
