@@ -42,6 +42,8 @@ class Embedder:
                                 "\"base64\"", param="encoding_format")
         body = with_input(body)
         inputs = await self._inputs(model, body)
+        if body.outputs is not None:
+            return await self._hybrid(model, inputs, body)
         if model.kind.sparse:
             return await self._sparse(model, inputs, body)
         _refuse_top_k(model, body)
@@ -61,9 +63,11 @@ class Embedder:
         """`body`'s vectors on `model` as one binary answer (`infinity.api.binary`): float
         vectors of a model with one vector per input, in `body.embed_dtype`."""
         name = model.spec.name
-        if model.kind.ragged:
+        if model.kind.ragged and not model.kind.vector_types:
             raise APIError(422, f"the {model.spec.kind} model '{name}' answers a vector per token or a sparse vector, "
                                 "not rows of one width: binary answers are for dense vectors", param="encoding_format")
+        if body.outputs is not None:
+            raise APIError(422, "a binary answer holds the dense vectors; leave outputs out", param="outputs")
         _refuse_top_k(model, body)
         if body.embedding_types is not None or (body.embedding_type or "float") != "float":
             raise APIError(422, "a binary answer holds float values (as embed_dtype); leave embedding_type(s) out",
@@ -91,10 +95,7 @@ class Embedder:
                       dimensions_param: str) -> tuple[Result, np.ndarray]:
         """Run `inputs` through an embedder; return the (released) result and its vectors as
         one (n, dim) float32 array, truncated to `dimensions` and re-normalised."""
-        dim = model.info.dim if model.info else None
-        if dimensions is not None and dim is not None and not 0 < dimensions <= dim:
-            raise APIError(422, f"{dimensions_param} must be between 1 and {dim} for model '{model.spec.name}'",
-                           param=dimensions_param)
+        _check_dimensions(model, dimensions, dimensions_param)
         result = await self.client.run(model, inputs)
         try:
             rows = np.stack(list(result.rows()))
@@ -107,15 +108,12 @@ class Embedder:
         """Run `inputs` through a sparse model; return the (released) result and each input's
         nonzero entries (records of `index` and `value`, by index), its largest `top_k` only
         and never more than the model's own max_active_dims."""
-        result = await self.client.run(model, inputs)
+        result = await self.client.run(model, msgspec.structs.replace(inputs, vector_types=("sparse",)))
         try:
             vectors = list(result.rows())
         finally:
             result.release()
-        limits = [k for k in (top_k, model.spec.max_active_dims) if k is not None]
-        if limits:
-            vectors = [largest(entries, min(limits)) for entries in vectors]
-        return result, vectors
+        return result, _within_top_k(model, vectors, top_k)
 
     async def _multivector(self, model: ServedModel, inputs: ModelInputs, body: EmbeddingRequest,
                            types: list[EmbeddingType]) -> EmbeddingResponse:
@@ -158,10 +156,65 @@ class Embedder:
         result, vectors = await self.sparse_vectors(model, inputs, body.top_k)
         data = []
         for i, entries in enumerate(vectors):
-            vector = SparseEmbedding(indices=entries["index"].tolist(), values=entries["value"].tolist())
+            vector = _sparse_embedding(entries)
             data.append(EmbeddingData(index=i, **({"embedding": vector} if body.embedding_types is None
                                                   else {"embeddings": {"float": vector}})))
         return EmbeddingResponse(data=data, model=name, usage=Usage.of(result))
+
+    async def _hybrid(self, model: ServedModel, inputs: ModelInputs, body: EmbeddingRequest) -> EmbeddingResponse:
+        """The outputs of a hybrid model `body.outputs` asks for, from one pass: each item
+        holds each in its own field (`dense`, `sparse`, `multivector` and its `shape`),
+        encoded as for a model of that one output (`encoding_format` and the embedding
+        type apply to `dense` and `multivector`, `dimensions` to `dense`, `top_k` to `sparse`)."""
+        name = model.spec.name
+        if not model.kind.vector_types:
+            raise APIError(422, f"outputs applies to hybrid models; '{name}' is of kind '{model.spec.kind}'",
+                           param="outputs")
+        asked = tuple(dict.fromkeys(body.outputs or ()))
+        for field, output in (("dimensions", "dense"), ("top_k", "sparse")):
+            if getattr(body, field) and output not in asked:
+                raise APIError(422, f"{field} applies to the {output} output, which outputs does not ask for",
+                               param=field)
+        types = body.output_types(self.config.server.embedding_type)
+        if len(types) > 1:
+            raise APIError(422, "with outputs, give one embedding_type (each output is one field)",
+                           param="embedding_types")
+        _check_dimensions(model, body.dimensions or None, "dimensions")
+        result = await self.client.run(model, msgspec.structs.replace(inputs, vector_types=asked))
+        try:
+            by_type = {vector_type: result.rows_of(vector_type) for vector_type in asked}
+        finally:
+            result.release()
+        as_base64 = body.encoding_format == "base64"
+        items: list[dict] = [{} for _ in range(len(inputs))]
+        if "dense" in by_type:
+            for item, vector in zip(items, encode(shorten(np.stack(by_type["dense"]), body.dimensions or None),
+                                                  types[0], as_base64)):
+                item["dense"] = vector
+        for item, entries in zip(items, _within_top_k(model, by_type.get("sparse", []), body.top_k)):
+            item["sparse"] = _sparse_embedding(entries)
+        for item, matrix in zip(items, by_type.get("multivector", [])):
+            item.update(multivector=encode_matrix(matrix, types[0], as_base64), shape=list(matrix.shape))
+        return EmbeddingResponse(data=[EmbeddingData(index=i, **item) for i, item in enumerate(items)], model=name,
+                                 usage=Usage.of(result))
+
+
+def _check_dimensions(model: ServedModel, dimensions: int | None, param: str) -> None:
+    """`dimensions` (the field `param`), where given, must be within the model's vectors."""
+    dim = model.info.dim if model.info else None
+    if dimensions is not None and dim is not None and not 0 < dimensions <= dim:
+        raise APIError(422, f"{param} must be between 1 and {dim} for model '{model.spec.name}'", param=param)
+
+
+def _within_top_k(model: ServedModel, vectors: list[np.ndarray], top_k: int | None) -> list[np.ndarray]:
+    """Sparse vectors (`index`, `value` records, by index), each its largest `top_k`
+    values only and never more than the model's own max_active_dims."""
+    limits = [k for k in (top_k, model.spec.max_active_dims) if k is not None]
+    return [largest(entries, min(limits)) for entries in vectors] if limits else vectors
+
+
+def _sparse_embedding(entries: np.ndarray) -> SparseEmbedding:
+    return SparseEmbedding(indices=entries["index"].tolist(), values=entries["value"].tolist())
 
 
 def _refuse_top_k(model: ServedModel, body: EmbeddingRequest) -> None:

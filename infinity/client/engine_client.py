@@ -102,6 +102,8 @@ class ModelInputs(msgspec.Struct, frozen=True):
     query: str | None = None
     task: str | None = None
     media: list[bytes] | None = None  # fetched bytes or data: URIs (see `protocol.Tokenize.media`)
+    # The outputs asked of a hybrid model (`KindSpec.vector_types`; none: its first).
+    vector_types: tuple[str, ...] = ()
 
     def __len__(self) -> int:
         inputs = next(i for i in (self.texts, self.token_ids, self.media) if i is not None)
@@ -124,6 +126,7 @@ class _Pending:
     info: list[protocol.ImageInfo] | None = None  # what each input was as sent, where that says something
     abandoned: bool = False  # the client went away (or was answered with an error)
     sent: float = 0.0  # when it was sent to an inference process (monotonic seconds)
+    vector_types: list[str] = field(default_factory=list)  # the outputs it asks of a hybrid model
 
 
 @dataclass
@@ -138,6 +141,8 @@ class Result:
     costs: list[int]  # what each input cost the pass: its tokens, a medium's patches or frames
     cut: list[int]  # the positions of the inputs cut to the model's maximum length
     ragged: dict[int, np.ndarray] | None = None  # outputs that vary in size, by slot (not in the arena)
+    # A hybrid model's outputs by type, by slot, where the request asked for several.
+    by_type: dict[str, dict[int, np.ndarray]] = field(default_factory=dict)
     info: list[protocol.ImageInfo] | None = None  # what each input was as sent (images: their size and format)
     _released: bool = field(default=False, repr=False)
 
@@ -161,6 +166,11 @@ class Result:
         the array of a model whose outputs vary in size."""
         for slot in self.slots:
             yield self.arena.rows[slot] if self.ragged is None else self.ragged[slot]
+
+    def rows_of(self, vector_type: str) -> list[np.ndarray]:
+        """A hybrid model's `vector_type` outputs, in input order (those of a request that
+        asked for that type alone are its `rows`)."""
+        return [self.by_type[vector_type][slot] for slot in self.slots] if self.by_type else list(self.rows())
 
     def release(self) -> None:
         if not self._released:
@@ -268,7 +278,7 @@ class EngineClient:
                 raise
             self._outstanding[tokenizer.name] += 1
         pending = _Pending(self._next_id, model, slots, asyncio.get_running_loop().create_future(), tokenizer,
-                           priority, request.trace)
+                           priority, request.trace, vector_types=_vector_types(model, inputs))
         self._pending[pending.request_id] = pending
         if inline is not None:
             answer = reply(inline.tokenize, request)
@@ -362,7 +372,7 @@ class EngineClient:
         model.served.queued_tokens += pending.billed
         replica.outstanding += len(pending.slots)
         replica.child.send(protocol.Infer(message.request_id, model.spec.name, pending.slots, message.inputs,
-                                          pending.priority, pending.trace))
+                                          pending.priority, pending.trace, pending.vector_types))
 
     def _on_done(self, message: protocol.Done) -> None:
         pending = self._take(message.request_id)
@@ -380,8 +390,9 @@ class EngineClient:
         served.truncated += len(pending.truncated)
         served.rate.completed(pending.billed, pending.sent, time.monotonic())
         ragged = None if message.outputs is None else _by_slot(message.outputs)
-        pending.future.set_result(Result(pending.model, replica.arena, pending.slots,
-                                         pending.billed, pending.costs, pending.truncated, ragged, pending.info))
+        by_type = {vector_type: _by_slot(outputs) for vector_type, outputs in message.outputs_by_type.items()}
+        pending.future.set_result(Result(pending.model, replica.arena, pending.slots, pending.billed, pending.costs,
+                                         pending.truncated, ragged, by_type, pending.info))
 
     def _on_batch_ran(self, message: protocol.BatchRan) -> None:
         self.on_batch_ran(message)
@@ -477,6 +488,12 @@ def _tokenized_here(inputs: ModelInputs, idle: bool) -> bool:
         return len(inputs) == 1
     chars = sum(len(text) for text in inputs.texts)
     return (len(inputs) == 1 and chars <= INLINE_MAX_CHARS) or (idle and chars <= INLINE_IDLE_MAX_CHARS)
+
+
+def _vector_types(model: ServedModel, inputs: ModelInputs) -> list[str]:
+    """The outputs a request asks of `model`: for a hybrid model, those `inputs` name, else
+    its first (a dense vector, as routes that know no types answer); nothing for other kinds."""
+    return list(inputs.vector_types or model.kind.vector_types[:1]) if model.kind.vector_types else []
 
 
 def _within(texts: list[str] | None, limit: int) -> list[str] | None:

@@ -31,6 +31,12 @@ def special_token(folder: Path, key: str) -> str | None:
     return value.get("content") if isinstance(value, dict) else value
 
 
+# The torch `Linear` state dicts a hybrid (BGE-M3) folder holds beside its encoder, as
+# FlagEmbedding saves them: each token's sparse weight, and its vector of the multi-vector output.
+SPARSE_LINEAR = "sparse_linear.pt"
+COLBERT_LINEAR = "colbert_linear.pt"
+
+
 def image_patches(config: dict) -> int:
     """Patches a two-tower model's vision tower sees in one image: what an image costs a
     forward pass, and what it is billed."""

@@ -83,6 +83,9 @@ class KindSpec:
     bfloat16_trial: bool = False
     pairs: bool = False  # its inputs are query-document pairs, in the segments its encoder was trained on
     sparse: bool = False  # its vectors are sparse: indices and values over the vocabulary
+    # Several outputs from one pass, by name (BGE-M3's "dense", "sparse" and "multivector"):
+    # each request asks for one or more of them, the first when it names none.
+    vector_types: tuple[str, ...] = ()
 
     @property
     def medium(self) -> str | None:
@@ -106,6 +109,9 @@ KINDS: dict[str, KindSpec] = {kind.name: kind for kind in (
              ragged=True, bfloat16_trial=True),
     KindSpec("sparse", ("sparse",), {TEXT: RawOutput.TOKEN_LOGITS}, "workers.heads.sparse:SparseWeights",
              "infinity.folders.sparse", ragged=True, sparse=True),
+    KindSpec("hybrid", ("embed", "sparse", "rerank"), {TEXT: RawOutput.TOKEN_STATES},
+             "workers.heads.hybrid:HybridVectors", "infinity.folders.hybrid", ragged=True,
+             vector_types=("dense", "sparse", "multivector")),
     KindSpec("image_text", ("embed", "image_embed"),
              {TEXT: RawOutput.TEXT_FEATURES, "image": RawOutput.IMAGE_FEATURES},
              "workers.heads.two_tower:TowerEmbedding", "infinity.folders.two_tower", "workers.preprocess.image",

@@ -266,6 +266,8 @@ class Infer(msgspec.Struct, tag=True, array_like=True):
     inputs: Inputs
     priority: int = 0
     trace: str | None = None  # as `Tokenize.trace`
+    # The outputs a hybrid model computes for it (`KindSpec.vector_types`); empty for other kinds.
+    vector_types: list[str] = []
 
 
 class Cancel(msgspec.Struct, tag=True, array_like=True):
@@ -296,6 +298,9 @@ class Done(msgspec.Struct, tag=True, array_like=True):
     request_id: int
     cancelled: bool = False
     outputs: Ragged | None = None
+    # A hybrid model's outputs by vector type, where its request asked for several; a request
+    # for one has them in `outputs`, as a model of that one output would.
+    outputs_by_type: dict[str, Ragged] = {}
 
 
 class ErrorKind(enum.StrEnum):

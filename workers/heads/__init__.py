@@ -31,16 +31,23 @@ class LoadedModel:
         self.engine = engine
         self.head = head
         self.dtype = dtype
+        # The outputs of a head that computes several (`workers.heads.base.TypedHead`); () for one.
+        self.vector_types: tuple[str, ...] = getattr(head, "vector_types", ())
 
     @torch.inference_mode()
     def forward(self, input_ids: np.ndarray, attention_mask: np.ndarray, token_type_ids: np.ndarray,
-                wide: bool = False, read_mask: np.ndarray | None = None,
-                express: bool = False) -> np.ndarray | list[np.ndarray]:
+                wide: bool = False, read_mask: np.ndarray | None = None, express: bool = False,
+                vector_types: list[tuple[str, ...]] | None = None,
+                ) -> np.ndarray | list[np.ndarray] | list[dict[str, np.ndarray]]:
         """(n, longest) int64 ids, mask and token segments -> the head's output;
         `read_mask`: the tokens whose states the head reads, if not the attended ones;
-        `wide`, `express`: the engine's pass to run it on."""
+        `wide`, `express`: the engine's pass to run it on; `vector_types`: the outputs each
+        input wants of a head that computes several (None: all of them, as a warm-up runs)."""
         raw = self.engine.forward(input_ids, attention_mask, token_type_ids, wide=wide, express=express)
-        return self.head(raw, torch.from_numpy(attention_mask if read_mask is None else read_mask).to(raw.device))
+        mask = torch.from_numpy(attention_mask if read_mask is None else read_mask).to(raw.device)
+        if not self.vector_types:
+            return self.head(raw, mask)
+        return self.head(raw, mask, input_ids, vector_types or [self.vector_types] * len(input_ids))
 
     @torch.inference_mode()
     def forward_media(self, arrays: Mapping[str, np.ndarray]) -> np.ndarray | list[np.ndarray]:

@@ -29,3 +29,17 @@ class Head(Protocol):
         but whose states count, or tokens left out), on the same device -> (n, dim)
         float32, one row per input; for a ragged kind, one array per input."""
         ...
+
+
+class TypedHead(Head, Protocol):
+    """The head of a kind with several outputs from one pass (`KindSpec.vector_types`):
+    called with the batch's token ids and each input's wanted types as well, it gives each
+    input a dict of those types' arrays."""
+
+    vector_types: tuple[str, ...]  # every type it computes, by name
+
+    def __call__(self, raw: torch.Tensor, mask: torch.Tensor, input_ids: np.ndarray,  # type: ignore[override]
+                 wanted: list[tuple[str, ...]]) -> list[dict[str, np.ndarray]]:
+        """As `Head.__call__`, with the (n, longest) ids of the inputs (right-padded) and
+        the types each input's request asks for."""
+        ...

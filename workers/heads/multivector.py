@@ -31,7 +31,7 @@ class TokenVectors:
             states = self._projection.to(states.device)(states)
         if self._normalize:
             states = torch.nn.functional.normalize(states, p=2, dim=-1)
-        return _read_rows(states, mask)
+        return read_rows(states, mask)
 
 
 class RetrievalTokenVectors:
@@ -42,10 +42,10 @@ class RetrievalTokenVectors:
         self.dim = int(config["embedding_dim"])
 
     def __call__(self, raw: torch.Tensor, mask: torch.Tensor) -> list[np.ndarray]:
-        return _read_rows(raw.float(), mask)
+        return read_rows(raw.float(), mask)
 
 
-def _read_rows(vectors: torch.Tensor, mask: torch.Tensor) -> list[np.ndarray]:
+def read_rows(vectors: torch.Tensor, mask: torch.Tensor) -> list[np.ndarray]:
     """Each input's rows of `vectors` (n, longest, dim) where `mask` (n, longest) is set."""
     values, read = vectors.cpu().numpy(), mask.bool().cpu().numpy()
     return [values[row, read[row]] for row in range(len(values))]
@@ -55,7 +55,11 @@ def _projection(folder: Path) -> torch.nn.Linear:
     """The linear layer (`linear.weight`, `linear.bias` if any) among the weights in
     `folder`: a sentence-transformers Dense module's (its activation, checked at start,
     is the identity) or a Stanford ColBERT checkpoint's own."""
-    weights = _linear_weights(folder)
+    return linear_layer(_linear_weights(folder))
+
+
+def linear_layer(weights: dict[str, torch.Tensor]) -> torch.nn.Linear:
+    """The linear layer of a state dict (`weight`, and `bias` if any), for inference."""
     out_features, in_features = weights["weight"].shape
     layer = torch.nn.Linear(in_features, out_features, bias="bias" in weights)
     layer.load_state_dict(weights)

@@ -47,7 +47,12 @@ class SparseWeights:
 def _nonzero_entries(weights: np.ndarray) -> np.ndarray:
     """A (vocabulary,) weight vector's nonzero entries, by index, as `ENTRY` records."""
     indices = np.flatnonzero(weights)
+    return entries_of(indices, weights[indices])
+
+
+def entries_of(indices: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """Indices and their values as `ENTRY` records, in the order given."""
     entries = np.empty(len(indices), ENTRY)
     entries["index"] = indices
-    entries["value"] = weights[indices]
+    entries["value"] = values
     return entries

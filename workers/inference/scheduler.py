@@ -83,8 +83,10 @@ class PendingRequest:
     error: str | None = None  # why it failed; it is reported once none of its inputs runs
     trace: str | None = None  # its traceparent, where it is traced
     ran: bool = False  # an input of it has been cut into a batch (its queue wait is over)
-    # The outputs of a model whose outputs vary in size, by slot, until all are computed.
-    outputs: dict[int, np.ndarray] = field(default_factory=dict)
+    # The outputs of a model whose outputs vary in size, by slot, until all are computed (a
+    # hybrid model's: the arrays of the types asked, by type).
+    outputs: dict[int, np.ndarray | dict[str, np.ndarray]] = field(default_factory=dict)
+    vector_types: tuple[str, ...] = ()  # the outputs it asks of a hybrid model (`KindSpec.vector_types`)
 
     def urgency(self, now: float) -> int:
         """Its class now: its priority, raised by one per `AGING_S` waited."""
@@ -231,14 +233,16 @@ class Scheduler:
         return any(queue.express for queue in self._queues.values())
 
     def submit(self, request_id: int, queue: str, slots: list[int], costs: list[int], payloads: list,
-               priority: int = 0, trace: str | None = None) -> None:
+               priority: int = 0, trace: str | None = None, vector_types: tuple[str, ...] = ()) -> None:
         """Queue a request's inputs on `queue`: each its arena slot, its cost and its payload;
-        `priority`: lower is served first; `trace`: its traceparent, where it is traced."""
+        `priority`: lower is served first; `trace`: its traceparent, where it is traced;
+        `vector_types`: what it asks of a hybrid model."""
         arrived = self._clock()
         with self._lock:
             waiting = self._queues[queue]
             request = PendingRequest(request_id, queue, len(slots), waiting.pass_overhead_tokens
-                                     + len(costs) * max(costs), priority, arrived, trace=trace)
+                                     + len(costs) * max(costs), priority, arrived, trace=trace,
+                                     vector_types=vector_types)
             self._requests[request_id] = request
             # Each input starts where the ones before it in the request end.
             tags = itertools.accumulate(costs[:-1], initial=waiting.virtual)

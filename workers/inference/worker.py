@@ -38,7 +38,7 @@ from infinity.shared.shm import Arena, SharedMemoryTooSmall
 from workers.engines import set_torch_threads
 from workers.heads import LoadedModel, load_model
 from workers.inference.calibration import on_threads, text_lanes, warm_up, warm_up_media
-from workers.inference.scheduler import Batch, QueuePolicy, Scheduler, media_queue, queue_model
+from workers.inference.scheduler import Batch, PendingRequest, QueuePolicy, Scheduler, media_queue, queue_model
 from workers.preprocess.media import feature_items, media_module
 from workers.preprocess.text import collate_tokens, token_items
 from workers.process import run_child
@@ -179,7 +179,8 @@ def _run(batch: Batch, queue: _Queue, scheduler: Scheduler, channel: ChannelToFr
         if queue.media:
             vectors = queue.model.forward_media(arrays)
         else:
-            vectors = queue.model.forward(**arrays, wide=batch.wide, express=batch.express)
+            vectors = queue.model.forward(**arrays, wide=batch.wide, express=batch.express,
+                                          vector_types=[item.request.vector_types for item in batch.items])
     except Exception as exc:
         log.exception("forward pass failed for a batch of %d", len(batch.items))
         finished = scheduler.finish(batch, error=f"inference failed: {exc}")
@@ -201,8 +202,7 @@ def _run(batch: Batch, queue: _Queue, scheduler: Scheduler, channel: ChannelToFr
         if request.error is not None:
             messages.append(protocol.Failed(request.request_id, protocol.ErrorKind.INTERNAL, request.error))
         else:
-            outputs = _ragged(request.outputs) if request.outputs and not request.cancelled else None
-            messages.append(protocol.Done(request.request_id, request.cancelled, outputs))
+            messages.append(_done(request))
     if messages:
         channel.send(*messages)
 
@@ -228,6 +228,21 @@ def _trace(batch: Batch, queue: _Queue, padded: int, start: float, end: float) -
                                 **{"infinity.priority": request.priority})
         tracing.record_span("batch", request.trace, wall_ns(start), wall_ns(end), **attributes,
                             **{"infinity.request.inputs": inputs})
+
+
+def _done(request: PendingRequest) -> protocol.Done:
+    """The answer of a request whose outputs are computed (or that was cancelled): those of
+    a model whose outputs vary in size go with it, a hybrid model's by type where it asked
+    for several."""
+    if not request.outputs or request.cancelled:
+        return protocol.Done(request.request_id, request.cancelled)
+    if not request.vector_types:
+        return protocol.Done(request.request_id, outputs=_ragged(request.outputs))
+    by_type = {vector_type: _ragged({slot: arrays[vector_type] for slot, arrays in request.outputs.items()})
+               for vector_type in request.vector_types}
+    if len(by_type) == 1:  # answered as a model of that one output would be
+        return protocol.Done(request.request_id, outputs=by_type[request.vector_types[0]])
+    return protocol.Done(request.request_id, outputs_by_type=by_type)
 
 
 def _ragged(outputs: dict[int, np.ndarray]) -> protocol.Ragged:
@@ -263,7 +278,8 @@ def _take_message(message: protocol.Message, channel: ChannelToFront, scheduler:
             queue, (costs, items) = message.model, token_items(inputs)
         else:
             queue, (costs, items) = media_queue(message.model), feature_items(inputs)
-        scheduler.submit(message.request_id, queue, message.slots, costs, items, message.priority, message.trace)
+        scheduler.submit(message.request_id, queue, message.slots, costs, items, message.priority, message.trace,
+                         tuple(message.vector_types))
     elif isinstance(message, protocol.Cancel):
         dropped, finished = scheduler.cancel(message.request_id)
         log.info("request %d: client gone, %d waiting inputs dropped", message.request_id, dropped)

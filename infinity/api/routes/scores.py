@@ -1,12 +1,14 @@
 """Score routes: rerank (Cohere v1/v2, Jina: documents sorted by relevance, by a
-cross-encoder or by a multi-vector model's late interaction) and classify (every label's
-score per input), with the model's activation unless raw scores are asked."""
+cross-encoder, by a multi-vector model's late interaction or by a hybrid model's three
+scores) and classify (every label's score per input), with the model's activation unless
+raw scores are asked."""
 
 from __future__ import annotations
 
 import asyncio
 import time
 import uuid
+from collections.abc import Callable, Iterable
 
 import numpy as np
 from aiohttp import web
@@ -41,7 +43,12 @@ async def rerank(request: web.Request, body: RerankRequest) -> RerankResponse:
     else:
         inputs = rerank_inputs(body, max_items(request))
         documents = inputs.texts or []
-        if model.kind.late_interaction:
+        if model.kind.vector_types:
+            every_type = model.kind.vector_types
+            scores, tokens = await _scored(request, model, ModelInputs(texts=[inputs.query or ""],
+                                                                       vector_types=every_type),
+                                           ModelInputs(texts=documents, vector_types=every_type), hybrid_scores)
+        elif model.kind.late_interaction:
             scores, tokens = await _late_interaction(request, model, ModelInputs(texts=[inputs.query or ""],
                                                                                  task="query"),
                                                      ModelInputs(texts=documents, task="document"))
@@ -65,9 +72,18 @@ async def rerank(request: web.Request, body: RerankRequest) -> RerankResponse:
 
 async def _late_interaction(request: web.Request, model: ServedModel, query: ModelInputs,
                             documents: ModelInputs) -> tuple[np.ndarray, Usage]:
-    """Each document's MaxSim against the query, as the model scores (the sum over query
-    tokens of the best document-token dot product; divided by the query's tokens for
-    "meanmaxsim")."""
+    """Each document's MaxSim against the query, as the model scores (`maxsim_scores`)."""
+    def score(query_result: Result, document_result: Result) -> np.ndarray:
+        (query_rows,) = query_result.rows()
+        return maxsim_scores(model.spec.similarity, query_rows, document_result.rows())
+
+    return await _scored(request, model, query, documents, score)
+
+
+async def _scored(request: web.Request, model: ServedModel, query: ModelInputs, documents: ModelInputs,
+                  score: Callable[[Result, Result], np.ndarray]) -> tuple[np.ndarray, Usage]:
+    """Run the query and the documents at once; each document's score, `score(query's
+    result, documents' result)`, and the tokens both cost."""
     client = request.app[ENGINE_CLIENT]
     results = await asyncio.gather(client.run(model, query), client.run(model, documents),
                                    return_exceptions=True)
@@ -76,16 +92,38 @@ async def _late_interaction(request: web.Request, model: ServedModel, query: Mod
             if isinstance(outcome, BaseException):
                 raise outcome
         query_result, document_result = results
-        (query_rows,) = query_result.rows()
-        scores = np.array([maxsim(query_rows, rows) for rows in document_result.rows()], dtype=np.float32)
+        scores = score(query_result, document_result)
     finally:
         for outcome in results:
             if isinstance(outcome, Result):
                 outcome.release()
-    if model.spec.similarity == "meanmaxsim":
-        scores /= max(len(query_rows), 1)
     tokens = query_result.prompt_tokens + document_result.prompt_tokens
     return scores, Usage(tokens, tokens, query_result.truncated + document_result.truncated)
+
+
+def maxsim_scores(similarity: str, query: np.ndarray, documents: Iterable[np.ndarray]) -> np.ndarray:
+    """Each document's MaxSim against the query (vectors per token), divided by the query's
+    vectors for "meanmaxsim"."""
+    scores = np.array([maxsim(query, rows) for rows in documents], dtype=np.float32)
+    return scores / max(len(query), 1) if similarity == "meanmaxsim" else scores
+
+
+def hybrid_scores(query: Result, documents: Result) -> np.ndarray:
+    """Each document's hybrid score against the query, as FlagEmbedding's BGE-M3
+    `compute_score` gives "colbert+sparse+dense" with its default weights: the mean of the
+    dense vectors' dot product, the sparse weights' dot product (over the token ids both
+    hold) and MaxSim divided by the query's vectors."""
+    (dense,), (sparse,), (vectors,) = (query.rows_of(output) for output in ("dense", "sparse", "multivector"))
+    dense_scores = np.stack(documents.rows_of("dense")) @ dense
+    sparse_scores = np.array([sparse_dot(sparse, entries) for entries in documents.rows_of("sparse")],
+                             dtype=np.float32)
+    return (dense_scores + sparse_scores + maxsim_scores("meanmaxsim", vectors, documents.rows_of("multivector"))) / 3
+
+
+def sparse_dot(first: np.ndarray, second: np.ndarray) -> float:
+    """The dot product of two sparse vectors (`index`, `value` records, by index)."""
+    _, in_first, in_second = np.intersect1d(first["index"], second["index"], assume_unique=True, return_indices=True)
+    return float(first["value"][in_first] @ second["value"][in_second])
 
 
 def maxsim(query: np.ndarray, document: np.ndarray) -> float:

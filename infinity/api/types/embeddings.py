@@ -12,7 +12,11 @@ from infinity.api.errors import APIError
 from infinity.api.inputs import output_types
 from infinity.api.types.common import (ApiVersion, BilledUnits, CohereMeta, ImagePart, ImageUrl, InputTokens, InputType,
                                        ModelRequest, TextOrTokens, TextPart, Usage)
+from infinity.shared.kinds import KINDS
 from infinity.shared.vectors import EmbeddingType
+
+# The outputs of a hybrid model (BGE-M3) a request may ask for.
+VectorType = Literal[KINDS["hybrid"].vector_types]  # type: ignore[valid-type]
 
 # A sparse model's answer per input: its largest this many values (then by index).
 TopK = Annotated[int, Meta(ge=1, description="A sparse model's largest this many values per input, "
@@ -75,6 +79,10 @@ class EmbeddingRequest(ModelRequest):
         """The `input_type` in the model's terms: "query", "document" or None (not given)."""
         return None if self.input_type is None else self.input_type.removeprefix("search_")
     top_k: TopK | None = None
+    outputs: Annotated[list[VectorType], Meta(
+        min_length=1, description="A hybrid model's outputs to answer from one pass, each item holding each in its "
+                                  "own field (dense, sparse, multivector with its shape); none: the dense vector, "
+                                  "in embedding")] | None = None
 
     def output_types(self, default: EmbeddingType) -> list[EmbeddingType]:
         """The requested types (see `output_types`); `embedding_type` stands in for the default."""
@@ -145,6 +153,10 @@ class EmbeddingData(Struct, kw_only=True):
     embedding: Embedding | UnsetType = UNSET  # with one output type
     embeddings: dict[str, Embedding] | UnsetType = UNSET  # with `embedding_types`: by type
     shape: list[int] | UnsetType = UNSET  # a multi-vector model's [n_tokens, dim]
+    # With `outputs`, a hybrid model's outputs asked, each in its field (`shape`: the multivector's).
+    dense: Embedding | UnsetType = UNSET
+    sparse: SparseEmbedding | UnsetType = UNSET
+    multivector: Embedding | UnsetType = UNSET
 
 
 class EmbeddingResponse(Struct, kw_only=True):
