@@ -16,7 +16,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 
 from infinity.shared.devices import normalise as normalise_device
-from infinity.shared.kinds import ENGINE_OUTPUTS, KINDS
+from infinity.shared.kinds import ENGINE_OUTPUTS, KINDS, dtype_refusal
 from infinity.shared.vectors import EmbeddingType  # what an embedding is answered as
 
 DEFAULT_MODEL_SOURCE = "default"
@@ -40,8 +40,9 @@ class ModelConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     # One device, or several: one replica of the model on each (see infinity/shared/devices.py).
     device: str | list[str] = "cpu"
     engine: EngineChoice = "auto"
-    # Each engine takes some: torch float32|float16|bfloat16, onnx float32|int8 (CPU)|float16 (CUDA),
-    # ctranslate2 float32|float16|int8|int8_float16; others fail the start naming the engine.
+    # Each engine takes some (`ENGINE_DTYPES`): torch float32|float16|bfloat16, onnx float32|int8 (CPU)|
+    # float16 (CUDA), ctranslate2 float32|float16|int8|int8_float16, openvino float32|bfloat16 (CPUs
+    # that compute it natively); others fail the start naming the engine.
     dtype: Literal["float32", "float16", "bfloat16", "int8", "int8_float16", "auto"] = "auto"
     # None: from the model folder (sentence-transformers Pooling / Normalize modules).
     pooling: Pooling | None = None
@@ -65,6 +66,9 @@ class ModelConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
             raise ConfigError("models.max_input_chars must be positive")
         if self.max_batch_tokens < 1 or self.max_batch_size < 1:
             raise ConfigError("models.max_batch_tokens and models.max_batch_size must be positive")
+        refused = None if "auto" in (self.engine, self.dtype) else dtype_refusal(self.engine, self.dtype)
+        if refused is not None:
+            raise ConfigError(f"models.dtype: {refused}")
         try:
             normalised = self.devices
         except ValueError as exc:

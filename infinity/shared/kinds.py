@@ -46,14 +46,32 @@ RAW_OUTPUT_MEANING = {
 }
 
 # What each engine computes. CTranslate2 converts encoders and their classification
-# heads; ONNX Runtime runs what torch exports of text towers and vision towers.
+# heads; ONNX Runtime and OpenVINO run what torch exports of text towers and vision towers.
+_EXPORTED = frozenset({RawOutput.TOKEN_STATES, RawOutput.SEQUENCE_LOGITS, RawOutput.TOKEN_LOGITS,
+                       RawOutput.TEXT_FEATURES, RawOutput.IMAGE_FEATURES})
 ENGINE_OUTPUTS: dict[str, frozenset[RawOutput]] = {
     "torch": frozenset(RawOutput),
-    "onnx": frozenset({RawOutput.TOKEN_STATES, RawOutput.SEQUENCE_LOGITS, RawOutput.TOKEN_LOGITS,
-                       RawOutput.TEXT_FEATURES, RawOutput.IMAGE_FEATURES}),
+    "onnx": _EXPORTED,
     "ctranslate2": frozenset({RawOutput.TOKEN_STATES, RawOutput.SEQUENCE_LOGITS}),
+    "openvino": _EXPORTED,
+}
+# The dtypes each engine takes (`dtype = "auto"` resolves to one of them); some only on some
+# devices, which the engine checks at load: onnx int8 on CPUs and float16 on CUDA, openvino
+# bfloat16 on CPUs that compute it natively.
+ENGINE_DTYPES: dict[str, tuple[str, ...]] = {
+    "torch": ("float32", "float16", "bfloat16"),
+    "onnx": ("float32", "float16", "int8"),
+    "ctranslate2": ("float32", "float16", "int8", "int8_float16"),
+    "openvino": ("float32", "bfloat16"),
 }
 EngineName = Literal[tuple(ENGINE_OUTPUTS)]  # type: ignore[valid-type]
+
+
+def dtype_refusal(engine: str, dtype: str) -> str | None:
+    """Why `engine` cannot run `dtype` (`ENGINE_DTYPES`), or None."""
+    if dtype in ENGINE_DTYPES[engine]:
+        return None
+    return f"the {engine} engine takes dtype {', '.join(ENGINE_DTYPES[engine])}; got {dtype}"
 
 TEXT = "text"  # the medium every kind takes (a page-retrieval model's queries too)
 

@@ -45,6 +45,7 @@ def test_model_flag_replaces_the_file_models(tmp_path):
     ("[[models]]\nname = 'x'\nbatch = 3\n", "batch"),
     ("[[models]]\nmax_batch_size = 0\n", "max_batch_size"),
     ("[[models]]\nmax_input_chars = 0\n", "max_input_chars"),
+    ("[[models]]\nengine = 'openvino'\ndtype = 'int8'\n", "models.dtype: the openvino engine takes dtype"),
     ("[server]\nurl_prefix = 'v2/'\n", "url_prefix"),
     ("[[models]]\nname = 'a'\n[[models]]\nname = 'a'\n", "unique"),
     ("[media]\nfetch_timeout = 0\n", "media.fetch_timeout"),

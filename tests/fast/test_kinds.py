@@ -14,7 +14,7 @@ import pytest
 from infinity.api.routes import ROUTES
 from infinity.api.types.status import ModelCard
 from infinity.config import EngineChoice, ModelKind
-from infinity.shared.kinds import ENGINE_OUTPUTS, KINDS, TEXT, RawOutput, kinds_with, lacking
+from infinity.shared.kinds import ENGINE_DTYPES, ENGINE_OUTPUTS, KINDS, TEXT, RawOutput, kinds_with, lacking
 from workers.engines import ENGINES
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -53,8 +53,8 @@ def test_each_kind_names_parts_that_exist(kind):
     assert not kind.text_by_processor or kind.preprocessor is not None
 
 
-def test_every_engine_is_in_both_tables_and_torch_computes_everything():
-    assert set(ENGINES) == set(ENGINE_OUTPUTS)
+def test_every_engine_is_in_every_table_and_torch_computes_everything():
+    assert set(ENGINES) == set(ENGINE_OUTPUTS) == set(ENGINE_DTYPES)
     assert ENGINE_OUTPUTS["torch"] == frozenset(RawOutput)
 
 

@@ -20,6 +20,7 @@ ENGINES = {
     "torch": "workers.engines.torch_engine:TorchEngine",
     "ctranslate2": "workers.engines.ctranslate2_engine:CTranslate2Engine",
     "onnx": "workers.engines.onnx_engine:OnnxEngine",
+    "openvino": "workers.engines.openvino_engine:OpenVinoEngine",
 }
 
 

@@ -7,7 +7,8 @@ batch of media features (`forward_media`) into that output: the encoder's token 
 a head's logits, a tower's projected vector, a retrieval model's vectors per token. What
 a model kind makes of it (pooling, normalisation, scores, sparse vectors) is the head's
 (`workers.heads`): no engine knows the kinds. A new engine is one module in this package,
-one line in `ENGINES` and its outputs in `infinity.shared.kinds.ENGINE_OUTPUTS`.
+one line in `ENGINES`, and its outputs and dtypes in `infinity.shared.kinds.ENGINE_OUTPUTS`
+and `ENGINE_DTYPES`.
 """
 
 from __future__ import annotations

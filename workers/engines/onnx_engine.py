@@ -23,15 +23,13 @@ import numpy as np
 
 from infinity.shared import devices
 from infinity.shared.folders import cache_dir
-from infinity.shared.kinds import RawOutput
+from infinity.shared.kinds import RawOutput, dtype_refusal
 from infinity.shared.protocol import ModelSpec
 from workers.engines.artifacts import cached_build
 from workers.engines.onnx_graphs import (GRAPH, VISION_GRAPH, CompiledGraph, GraphEngine, export_graphs,
                                          export_settings, quiet_logging)
 
 log = logging.getLogger(__name__)
-
-DTYPES = ("float32", "float16", "int8")
 
 
 def exported_model(spec: ModelSpec, outputs: Mapping[str, RawOutput]) -> tuple[Path, bool]:
@@ -137,8 +135,9 @@ class OnnxEngine(GraphEngine):
     express_beside_lanes = True  # a session runs as many single-threaded runs at once as are asked
 
     def __init__(self, spec: ModelSpec, threads: int, outputs: Mapping[str, RawOutput]) -> None:
-        if spec.dtype not in DTYPES:
-            raise ValueError(f"the onnx engine takes dtype {', '.join(DTYPES)}; got {spec.dtype}")
+        refused = dtype_refusal(self.name, spec.dtype)
+        if refused is not None:
+            raise ValueError(refused)
         if spec.dtype == "float16" and devices.is_cpu(spec.device):
             raise ValueError("the onnx engine runs float16 on CUDA only; use float32 or int8 on the CPU")
         folder, _ = exported_model(spec, outputs)

@@ -73,8 +73,8 @@ _ITEMS = {"image": "images", "audio": "clips"}  # what the figures call a medium
 _SEED = 20261201  # any fixed seed: the same texts on every start
 # How the figures are measured: a change here makes every model's kept figures stale.
 TRIAL_VERSION = "1"
-# The libraries whose speed the figures measure, by the float32 engine they were set against.
-_PACKAGES = {"ctranslate2": ("ctranslate2",), "onnx": ("onnxruntime", "onnxruntime-gpu")}
+# The libraries whose speed the figures measure, by the engine that ran either precision.
+_PACKAGES = {"ctranslate2": ("ctranslate2",), "onnx": ("onnxruntime", "onnxruntime-gpu"), "openvino": ("openvino",)}
 
 
 @dataclass(frozen=True)
@@ -161,7 +161,8 @@ def _load_by_new_trial(spec: ModelSpec, float32_spec: ModelSpec, bfloat16_spec: 
 
 def trial_record(spec: ModelSpec, threads: int) -> Path:
     """Where the figures of `spec`'s trial with `threads` threads on this machine are kept."""
-    packages = sorted({"torch", "infinity-serve", *_PACKAGES.get(spec.float32_engine or "", ())})
+    packages = sorted({"torch", "infinity-serve", *_PACKAGES.get(spec.engine, ()),
+                       *_PACKAGES.get(spec.float32_engine or "", ())})
     versions = []
     for package in packages:
         try:

@@ -1,19 +1,26 @@
-"""The engines that convert the transformers model (ONNX Runtime, CTranslate2): parity with
-sentence-transformers on the default model (float32 and int8) and with CrossEncoder on a
-reranker, the converted model cached and reused on the next start, clear refusals.
-Every family and kind against the torch engine: tests/e2e/engines/test_engines.py."""
+"""The engines that convert the transformers model (ONNX Runtime, CTranslate2, OpenVINO):
+parity with sentence-transformers on the default model (float32 and int8) and with
+CrossEncoder on a reranker, the converted model cached and reused on the next start;
+OpenVINO in process against the torch engine on the default model (float32, and bfloat16
+on CPUs that compute it natively); clear refusals. Every family and kind against the torch
+engine: tests/e2e/engines/test_engines.py."""
 
 import importlib.util
 
+import msgspec
+import numpy as np
 import pytest
 
 from infinity.config import ModelConfig
 from infinity.folders.resolve import resolve_model
+from infinity.shared.devices import cpu_computes_bfloat16
 from tests.support.answers import decode_embedding
-from tests.support.reference import cosine
+from tests.support.reference import MIN_COSINE, cosine
 from tests.support.tiny_models import (assert_reranks_like_cross_encoder, save_tiny_cross_encoder,
                                        save_tiny_family_model)
+from workers.engines.base import pad_id
 from workers.heads import load_model
+from workers.inference import precision
 
 # engine -> (module it needs, what its log says once per conversion)
 ENGINES = {"onnx": ("onnxruntime", "to ONNX"), "ctranslate2": ("ctranslate2", "to CTranslate2")}
@@ -74,6 +81,7 @@ engine = "{engine}"
     ("onnx", "float16", "float16 on CUDA only"),
     ("ctranslate2", "bfloat16", "dtype"),
     ("torch", "int8", "dtype"),
+    ("openvino", "int8", "dtype"),
 ])
 def test_engines_refuse_dtypes_they_cannot_run(engine, dtype, message):
     if engine in ENGINES:
@@ -87,3 +95,41 @@ def test_ctranslate2_refuses_families_it_cannot_convert(tmp_path):
     mpnet = save_tiny_family_model(tmp_path / "mpnet", "mpnet")
     with pytest.raises(ValueError, match="is mpnet"):
         load_model(resolve_model(ModelConfig(name="m", source=str(mpnet), engine="ctranslate2")), 1)
+
+
+@pytest.fixture(scope="module")
+def openvino_vectors(tmp_path_factory, sentences) -> dict[str, list[np.ndarray]]:
+    """The default model's vectors of some test sentences, in batches of similar lengths,
+    by engine and dtype: torch float32, and OpenVINO float32 and (where the CPU computes
+    it) bfloat16 from one export."""
+    pytest.importorskip("openvino")
+    spec = resolve_model(ModelConfig(name="default", engine="torch", dtype="float32"))
+    texts = precision.text_inputs(spec, pad_id(spec), sentences[:24], batch=8, lones=1)
+    dtypes = ["float32", "bfloat16"] if cpu_computes_bfloat16() else ["float32"]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("INFINITY_CACHE_DIR", str(tmp_path_factory.mktemp("openvino-cache")))
+        specs = {"torch:float32": spec} | {f"openvino:{dtype}": msgspec.structs.replace(spec, engine="openvino",
+                                                                                          dtype=dtype)
+                                           for dtype in dtypes}
+        models = {name: load_model(each, threads=1) for name, each in specs.items()}
+    assert [model.engine.name for model in models.values()] == ["torch", *["openvino"] * len(dtypes)]
+    return {name: [run(model) for run in texts.batches] for name, model in models.items()}
+
+
+def test_openvino_float32_matches_the_torch_engine(openvino_vectors):
+    cosines = precision.row_cosines(openvino_vectors["openvino:float32"], openvino_vectors["torch:float32"])
+    assert cosines.min() >= MIN_COSINE
+
+
+@pytest.mark.skipif(not cpu_computes_bfloat16(), reason="this CPU has no bfloat16 instructions (avx512_bf16, amx_bf16)")
+def test_openvino_bfloat16_meets_the_trials_bar(openvino_vectors):
+    cosines = precision.row_cosines(openvino_vectors["openvino:bfloat16"], openvino_vectors["torch:float32"])
+    assert cosines.mean() >= precision.MEAN_COSINE and cosines.min() >= precision.MIN_COSINE
+    assert cosines.mean() < 1 - 1e-7  # bfloat16 was computed: OpenVINO did not keep float32
+
+
+def test_openvino_refuses_bfloat16_on_cpus_without_it(monkeypatch):
+    pytest.importorskip("openvino")
+    monkeypatch.setattr("infinity.shared.devices.cpu_computes_bfloat16", lambda: False)
+    with pytest.raises(ValueError, match="bfloat16 on CPUs that compute it natively"):
+        load_model(resolve_model(ModelConfig(name="e", engine="openvino", dtype="bfloat16")), 1)
