@@ -7,6 +7,8 @@ threads (the issue's "2 threads" figure: the wide copy for engines that run lane
 where they keep none), with a whole batch per lane at once, and with each batch shared by
 the lanes (rows interleaved, as the server shares a batch with idle lanes); then the
 median time of one short sentence on one lane and, for engines that widen, on all threads.
+By default every engine and dtype the server could run here (bfloat16 only on CPUs that
+compute it natively).
 The server's figures are read against the issue's figure and against the better of the
 lane throughputs (bench/results/engines.md#the-engine-ceiling-as-the-engines-issue-measures-it).
 
@@ -30,10 +32,12 @@ from workers.inference.corpus import sentences
 from bench.replay import pad_batch
 from infinity.config import ModelConfig
 from infinity.folders.resolve import resolve_model
+from infinity.shared.devices import cpu_computes_bfloat16
 from workers.engines import set_torch_threads
 from workers.heads import LoadedModel, load_model
 
-DEFAULT_ENGINES = ("torch:float32", "onnx:float32", "ctranslate2:float32", "onnx:int8", "ctranslate2:int8")
+DEFAULT_ENGINES = ("torch:float32", "onnx:float32", "ctranslate2:float32", "onnx:int8", "ctranslate2:int8",
+                   "openvino:float32", "openvino:bfloat16")
 
 
 def main() -> None:
@@ -47,7 +51,7 @@ def main() -> None:
 
     if not args.json:
         print("| engine | dtype | " + " | ".join(COLUMNS.values()) + " |\n|---|---|" + "---:|" * len(COLUMNS))
-    for choice in args.engine or DEFAULT_ENGINES:
+    for choice in args.engine or default_engines():
         # Each engine in a fresh process: one engine's thread pools must not slow the next.
         with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as child:
             figures = child.submit(measure, choice, args.texts, args.threads, args.model).result()
@@ -57,6 +61,11 @@ def main() -> None:
             cells = ("-" if figures[key] is None else f"{figures[key]:.{2 if key.endswith('ms') else 1}f}"
                      for key in COLUMNS)
             print(f"| {figures['engine']} | {figures['dtype']} | {' | '.join(cells)} |", flush=True)
+
+
+def default_engines() -> list[str]:
+    """Of `DEFAULT_ENGINES`, those this machine runs: bfloat16 only where the CPU computes it."""
+    return [choice for choice in DEFAULT_ENGINES if not choice.endswith(":bfloat16") or cpu_computes_bfloat16()]
 
 
 COLUMNS = {
