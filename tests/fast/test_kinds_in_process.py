@@ -29,6 +29,7 @@ from infinity.config import ModelConfig
 from infinity.shared import protocol
 from infinity.shared.kinds import KINDS, TEXT
 from tests.fast.inprocess import ThreadLauncher, media_features, output_width, pooled_states, serving, token_states
+from tests.support.bge_m3 import save_tiny_bge_m3
 from tests.support.tiny_models import (CLAP_SAMPLING_RATE, CLASSIFIER_LABELS, save_tiny_clap, save_tiny_classifier,
                                        save_tiny_clip, save_tiny_colpali, save_tiny_cross_encoder, save_tiny_masked_lm,
                                        save_tiny_pylate_colbert)
@@ -41,12 +42,13 @@ pytestmark = pytest.mark.timeout(60)
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """A tiny model folder of each kind but embed (the packaged model), by kind; a plain
-    masked language model stands for a sparse one."""
+    masked language model stands for a sparse one. The hybrid one is here for the routes
+    only (it is served end to end in tests/e2e/hybrid)."""
     root = tmp_path_factory.mktemp("kinds")
     return {"rerank": save_tiny_cross_encoder(root / "rerank"), "classify": save_tiny_classifier(root / "classify"),
             "multivector": save_tiny_pylate_colbert(root / "multivector"), "sparse": save_tiny_masked_lm(root / "mlm"),
             "image_text": save_tiny_clip(root / "clip"), "audio_text": save_tiny_clap(root / "clap"),
-            "image_multivector": save_tiny_colpali(root / "colpali")}
+            "image_multivector": save_tiny_colpali(root / "colpali"), "hybrid": save_tiny_bge_m3(root / "bge-m3")}
 
 
 def _model(folders: dict[str, Path], kind: str, name: str | None = None, **settings: object) -> ModelConfig:
