@@ -58,6 +58,12 @@ class ModelConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     max_batch_size: int = 64
     # torch engine only: run the model through torch.compile (slower start, faster passes on GPUs).
     compile: bool = False
+    # Text put before each input, by name, over those of the folder (or of the built-in family
+    # table, infinity/folders/prompts.py); the one inputs get when a request asks for none.
+    prompts: dict[str, str] = msgspec.field(default_factory=dict)
+    default_prompt_name: str | None = None
+    # The built-in table's prompts for a known family whose folder declares none; false: none.
+    builtin_prompts: bool = True
 
     def __post_init__(self) -> None:
         if self.max_length is not None and self.max_length < 2:

@@ -15,6 +15,7 @@ from infinity.api.binary import encode_rows
 from infinity.api.errors import APIError
 from infinity.api.inputs import text_or_token_inputs
 from infinity.api.media_fetch import MediaFetcher, media_bytes
+from infinity.api.prompts import with_prompt
 from infinity.api.types.common import TextPart, ImagePart, Usage
 from infinity.api.types.embeddings import (AudioUrlPart, EmbeddingData, EmbeddingRequest, EmbeddingResponse,
                                            SparseEmbedding)
@@ -79,7 +80,8 @@ class Embedder:
                            {"model": name, "usage": msgspec.to_builtins(Usage.of(result))})
 
     async def _inputs(self, model: ServedModel, body: EmbeddingRequest) -> ModelInputs:
-        """The inputs `body` (`with_input`) holds, as its modality says (media fetched)."""
+        """The inputs `body` (`with_input`) holds, as its modality says (media fetched),
+        with the prompt it asks for."""
         if body.modality == "text":
             inputs = text_or_token_inputs(body.input, self.max_items)
         elif body.modality == model.kind.medium:
@@ -89,7 +91,7 @@ class Embedder:
             # Not read as text: a data: URI or URL embedded as words would be a wrong vector.
             raise APIError(422, f"model '{model.spec.name}' does not embed {body.modality} inputs (it is of kind "
                                 f"'{model.spec.kind}')", param="modality")
-        return inputs
+        return with_prompt(model, inputs, body.prompt, body.prompt_name, body.input_type)
 
     async def vectors(self, model: ServedModel, inputs: ModelInputs, dimensions: int | None,
                       dimensions_param: str) -> tuple[Result, np.ndarray]:
@@ -122,7 +124,7 @@ class Embedder:
         if body.dimensions:
             raise APIError(422, f"dimensions does not apply to the multi-vector model '{model.spec.name}' (it "
                                 "would cut every token's vector); leave it out", param="dimensions")
-        result = await self.client.run(model, msgspec.structs.replace(inputs, task=body.task))
+        result = await self.client.run(model, inputs)
         try:
             matrices = list(result.rows())
         finally:

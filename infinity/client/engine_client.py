@@ -95,7 +95,8 @@ class ModelInputs(msgspec.Struct, frozen=True):
     """The inputs of one request as the engine client takes them: texts, token-id
     sequences or media, one of them; with `query`, the texts are the documents each paired
     with it; `task`: encode them as the model's "query" or "document" (models that tell
-    the two apart)."""
+    the two apart); `prompt`: put before each text (None: the model's own for the task,
+    `ModelSpec.prompt_for`)."""
 
     texts: list[str] | None = None
     token_ids: list[list[int]] | None = None
@@ -104,10 +105,15 @@ class ModelInputs(msgspec.Struct, frozen=True):
     media: list[bytes] | None = None  # fetched bytes or data: URIs (see `protocol.Tokenize.media`)
     # The outputs asked of a hybrid model (`KindSpec.vector_types`; none: its first).
     vector_types: tuple[str, ...] = ()
+    prompt: str | None = None
 
     def __len__(self) -> int:
         inputs = next(i for i in (self.texts, self.token_ids, self.media) if i is not None)
         return len(inputs)
+
+    def prompt_on(self, spec: ModelSpec) -> str:
+        """The prompt put before each text on the model of `spec`."""
+        return self.prompt if self.prompt is not None else spec.prompt_for(self.task)
 
 
 @dataclass(eq=False)
@@ -269,7 +275,8 @@ class EngineClient:
         limit = model.spec.max_input_chars
         request = protocol.Tokenize(self._next_id, model.spec.name, _within(inputs.texts, limit), inputs.token_ids,
                                     _within([inputs.query], limit)[0] if inputs.query is not None else None,
-                                    inputs.task, inputs.media, trace=tracing.traceparent())
+                                    inputs.task, inputs.media, trace=tracing.traceparent(),
+                                    prompt=inputs.prompt_on(model.spec))
         if tokenizer is not None:
             try:
                 tokenizer.send(request)

@@ -35,6 +35,7 @@ class MultiVectorFolder:
     """What the model's folder says, in one shape whatever its layout."""
 
     tasks: dict[str, TaskEncoding]
+    prompts: dict[str, str]  # each task's, by its name ("query", "document")
     similarity: str  # "maxsim" or "meanmaxsim"
     projection: str | None  # a folder whose weights hold the projection (`linear.*`); None: none
     normalize: bool
@@ -46,8 +47,8 @@ def detect(folder: ModelFolder) -> str | None:
 
 def settings(model: ModelConfig, folder: ModelFolder, kind: str) -> dict:
     read = read_folder(folder.root, folder.modules, folder.max_length)
-    return {"tasks": read.tasks, "similarity": read.similarity, "projection": read.projection,
-            "normalize": read.normalize}
+    return {"tasks": read.tasks, "prompts": read.prompts, "similarity": read.similarity,
+            "projection": read.projection, "normalize": read.normalize}
 
 
 def is_multivector(folder: Path, modules: dict[str, str], config: dict) -> bool:
@@ -66,11 +67,11 @@ def read_folder(folder: Path, modules: dict[str, str], max_length: int) -> Multi
     skip_ids = sorted({i for i in (tokenizer.token_to_id(w) for w in knobs.skiplist_words) if i is not None})
     markers = _markers(tokenizer, [knobs.query_prompt, knobs.document_prompt]) if knobs.legacy else []
 
-    def encoding(task: str, prompt: str, length: int | None) -> TaskEncoding:
-        return TaskEncoding(prompt=prompt, max_length=min(length, max_length) if length else None,
+    def encoding(task: str, length: int | None) -> TaskEncoding:
+        return TaskEncoding(max_length=min(length, max_length) if length else None,
                             skip_ids=skip_ids if task in knobs.skiplist_tasks else [], markers=markers)
 
-    query = encoding("query", knobs.query_prompt, knobs.query_length)
+    query = encoding("query", knobs.query_length)
     if knobs.query_expansion:
         query = _expanded(name, query, knobs.query_expansion, transformer_dir, tokenizer, max_length)
     if knobs.similarity not in SIMILARITIES:
@@ -78,8 +79,8 @@ def read_folder(folder: Path, modules: dict[str, str], max_length: int) -> Multi
                           f"(only {', '.join(SIMILARITIES)})")
     projection = (str(folder / modules["Dense"]) if "Dense" in modules
                   else str(folder) if knobs.inline_projection else None)
-    return MultiVectorFolder({"query": query, "document": encoding("document", knobs.document_prompt,
-                                                                   knobs.document_length)},
+    return MultiVectorFolder({"query": query, "document": encoding("document", knobs.document_length)},
+                             {"query": knobs.query_prompt, "document": knobs.document_prompt},
                              knobs.similarity, projection, "Normalize" in modules or knobs.legacy)
 
 
@@ -158,7 +159,7 @@ def _expanded(name: str, query: TaskEncoding, expansion: dict, transformer_dir: 
         cut = max(query.max_length, length) if query.max_length else None
     else:
         raise ConfigError(f"model '{name}': query expansion strategy {expansion.get('strategy')!r} is not served")
-    return TaskEncoding(prompt=query.prompt, max_length=cut, expand_to=length, expansion_id=token_id,
+    return TaskEncoding(max_length=cut, expand_to=length, expansion_id=token_id,
                         attend_expansion=bool(expansion.get("attend", False)), skip_ids=query.skip_ids,
                         markers=query.markers)
 

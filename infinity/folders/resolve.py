@@ -21,6 +21,7 @@ import msgspec
 from infinity.config import DEFAULT_MODEL_SOURCE, ConfigError, ModelConfig
 from infinity.shared import devices
 from infinity.folders import ModelFolder, detect_kind, reader
+from infinity.folders.prompts import prompt_settings
 from infinity.shared.folders import cache_dir, engine_refusal
 from infinity.shared.kinds import ENGINE_OUTPUTS, KINDS
 from infinity.shared.protocol import ModelSpec
@@ -54,9 +55,10 @@ def resolve_model(model: ModelConfig, cpu_bfloat16: bool = False) -> ModelSpec:
     config = json.loads((transformer / "config.json").read_text())
     folder = ModelFolder(root, modules, transformer, config, _max_length(transformer, model.max_length))
     kind = detect_kind(folder) if model.kind == "auto" else model.kind
+    read = reader(kind).settings(model, folder, kind)
     fields = {"pooling": model.pooling or _pooling_from_folder(root, modules) or "mean",
               "normalize": "Normalize" in modules or not modules,
-              **reader(kind).settings(model, folder, kind)}
+              **read, **prompt_settings(model, folder, kind, read.get("prompts"))}
     if model.normalize is not None:
         fields["normalize"] = model.normalize
     tasks = fields.get("tasks", {})

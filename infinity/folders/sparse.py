@@ -34,8 +34,6 @@ def settings(model: ModelConfig, folder: ModelFolder, kind: str) -> dict:
     if settings.get("transformer_task", "fill-mask") != "fill-mask":
         raise ConfigError(f"model '{model.name}': SpladePooling over a {settings['transformer_task']} transformer "
                           "is not served (it pools masked-language-model logits)")
-    if any((settings.get("prompts") or {}).values()):
-        raise ConfigError(f"model '{model.name}': query and document prompts of a sparse model are not served yet")
     pooling = {"pooling_strategy": "max", "activation_function": "relu"}
     if "SpladePooling" in folder.modules:
         pooling.update(json.loads((folder.root / folder.modules["SpladePooling"] / "config.json").read_text()))

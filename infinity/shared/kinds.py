@@ -73,6 +73,7 @@ def dtype_refusal(engine: str, dtype: str) -> str | None:
         return None
     return f"the {engine} engine takes dtype {', '.join(ENGINE_DTYPES[engine])}; got {dtype}"
 
+
 TEXT = "text"  # the medium every kind takes (a page-retrieval model's queries too)
 
 
@@ -113,6 +114,12 @@ class KindSpec:
     @property
     def raw_outputs(self) -> frozenset[RawOutput]:
         return frozenset(self.outputs.values())
+
+    @property
+    def prompted(self) -> bool:
+        """Its texts may have a prompt put before them: it embeds texts its tokenizer
+        encodes alone (not pairs, not through a processor that adds its own prompt)."""
+        return bool({"embed", "sparse"} & set(self.capabilities)) and not (self.pairs or self.text_by_processor)
 
 
 KINDS: dict[str, KindSpec] = {kind.name: kind for kind in (

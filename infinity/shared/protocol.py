@@ -31,10 +31,10 @@ from infinity.shared.kinds import Kind
 
 
 class TaskEncoding(msgspec.Struct, frozen=True):
-    """How a multi-vector model encodes the inputs of one task ("query" or "document"),
-    as its sentence-transformers folder says."""
+    """How a multi-vector model tokenizes the inputs of one task ("query" or "document"),
+    as its sentence-transformers folder says (the task's prompt is one of the model's
+    `ModelSpec.prompts`)."""
 
-    prompt: str = ""  # prepended to each text
     max_length: int | None = None  # tokens of the task's inputs at most (None: the model's)
     # Query expansion: an input shorter than `expand_to` tokens is filled up to it with
     # `expansion_id`, tokens the encoder attends to only if `attend_expansion`, whose
@@ -50,6 +50,12 @@ class TaskEncoding(msgspec.Struct, frozen=True):
     @property
     def adds_unattended_tokens(self) -> bool:
         return bool(self.expand_to) and not self.attend_expansion
+
+
+# The prompt names that serve inputs of each role, the first the model has: those
+# sentence-transformers' encode_query and encode_document try, and Cohere's other input types.
+ROLE_PROMPTS = {"query": ("query",), "document": ("document", "passage", "corpus"),
+                "classification": ("classification",), "clustering": ("clustering",)}
 
 
 class ModelSpec(msgspec.Struct, frozen=True):
@@ -80,6 +86,12 @@ class ModelSpec(msgspec.Struct, frozen=True):
     # and how it scores a query against a document: "maxsim" or "meanmaxsim".
     tasks: dict[str, TaskEncoding] = {}
     similarity: str = ""
+    # Text put before each input, by name (models.toml's, the folder's or the built-in family
+    # table's: infinity/folders/prompts.py); the one inputs get when a request asks for none;
+    # whether pooling reads the prompt's tokens (sentence-transformers' Pooling include_prompt).
+    prompts: dict[str, str] = {}
+    default_prompt_name: str | None = None
+    pools_prompt: bool = True
     # A sparse (SPLADE) model's activation of each token's logits before `pooling`:
     # "relu" is log(1 + relu(x)), "log1p_relu" log(1 + log(1 + relu(x))).
     sparse_activation: str = "relu"
@@ -90,6 +102,17 @@ class ModelSpec(msgspec.Struct, frozen=True):
     # engine to serve float32 with if the trial at load (workers/inference/precision.py) finds bfloat16
     # not close enough to float32 or not faster.
     float32_engine: str | None = None
+
+    def prompt_for(self, role: str | None) -> str:
+        """The prompt of inputs whose request names none, encoded as `role` ("query",
+        "document", "classification", "clustering"; None: unsaid): the role's own prompt
+        where the model has one (`ROLE_PROMPTS`), else its default prompt, else none. A
+        model with tasks encodes every input as a query or, whatever else, a document."""
+        if self.tasks:
+            role = "query" if role == "query" else "document"
+        names = ROLE_PROMPTS.get(role or "", ())
+        name = next((name for name in names if name in self.prompts), self.default_prompt_name)
+        return "" if name is None else self.prompts[name]
 
     @property
     def reads_unattended_states(self) -> bool:
@@ -144,7 +167,8 @@ class ModelInfo(msgspec.Struct, frozen=True, array_like=True):
 class Tokenize(msgspec.Struct, tag=True, array_like=True):
     """Tokenize `texts` (or check and truncate `token_ids`) for `model`; with `query`, each
     text is paired with it (query first; only the text side is truncated); `task`: encode
-    them as the model's queries or documents (`ModelSpec.tasks`)."""
+    them as the model's queries or documents (`ModelSpec.tasks`); `prompt`: put before each
+    text."""
 
     request_id: int
     model: str
@@ -157,6 +181,7 @@ class Tokenize(msgspec.Struct, tag=True, array_like=True):
     # file starts with "data:"); decoded in the tokenizer process.
     media: list[bytes] | None = None
     trace: str | None = None  # the request's W3C traceparent, where it is traced (`infinity.shared.tracing`)
+    prompt: str = ""
 
 
 class TokenMasks(msgspec.Struct, array_like=True):

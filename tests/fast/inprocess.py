@@ -1,6 +1,7 @@
 """The server's front end in this process, its children as threads: the fast tier's way
 to run the whole request path (HTTP, admission, protocol, tokenizing, batching, heads,
-arenas, encoding) in milliseconds, against a fake engine whose outputs a test can compute.
+arenas, encoding) in milliseconds, against a fake engine whose outputs a test can compute
+(or, with `ModelLauncher`, each tiny model on its own engine).
 
 `launch_in_threads` stands in for `infinity.client.supervisor.spawn_process`: it runs a worker's
 `serve` loop (the same code its process runs, minus the process set-up) in daemon
@@ -16,7 +17,9 @@ import contextlib
 import logging
 import os
 import threading
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -30,7 +33,7 @@ from infinity.shared.channel import ChannelToFront
 from infinity.shared.kinds import KINDS, TEXT, RawOutput
 from infinity.shared.protocol import ModelSpec, WorkerArgs
 from workers.engines.base import model_config, pad_id
-from workers.heads import LoadedModel, load_head
+from workers.heads import LoadedModel, load_head, load_model
 from workers.inference import worker as inference_worker
 from workers.preprocess import worker as tokenizer_worker
 
@@ -200,6 +203,14 @@ class ThreadLauncher:
         return LoadedModel(engine, load_head(spec), spec.dtype)
 
 
+class ModelLauncher(ThreadLauncher):
+    """`ThreadLauncher` whose inference children run each model on its own engine: the
+    whole request path held to a reference library's vectors, on tiny model folders."""
+
+    def _load(self, spec: ModelSpec, threads: int) -> LoadedModel:
+        return load_model(spec, threads)
+
+
 @contextlib.asynccontextmanager
 async def serving(launcher: ThreadLauncher | None = None, model: ModelConfig | list[ModelConfig] | None = None,
                   api_keys: list[ApiKey] | None = None, **server_settings: object) -> AsyncIterator[TestClient]:
@@ -217,3 +228,34 @@ async def serving(launcher: ThreadLauncher | None = None, model: ModelConfig | l
         else:
             raise RuntimeError("the in-process server did not become ready")
         yield client
+
+
+@dataclass(frozen=True)
+class LoopedClient:
+    """A client of a server that runs on an event loop of its own, so that a module's
+    tests (plain functions) share one server."""
+
+    loop: asyncio.AbstractEventLoop
+    client: TestClient
+
+    def ask(self, method: str, path: str, body: object = None) -> tuple[int, Any]:
+        """(status, JSON answer) of one request."""
+        async def ask() -> tuple[int, Any]:
+            answer = await self.client.request(method, path, json=body)
+            return answer.status, await answer.json()
+
+        return self.loop.run_until_complete(ask())
+
+
+@contextlib.contextmanager
+def serving_on_its_own_loop(launcher: ThreadLauncher | None = None,
+                            model: ModelConfig | list[ModelConfig] | None = None,
+                            **server_settings: object) -> Iterator[LoopedClient]:
+    """`serving`, on an event loop of its own (for a module-scoped fixture)."""
+    loop = asyncio.new_event_loop()
+    server = serving(launcher, model, **server_settings)
+    try:
+        yield LoopedClient(loop, loop.run_until_complete(server.__aenter__()))
+        loop.run_until_complete(server.__aexit__(None, None, None))
+    finally:
+        loop.close()

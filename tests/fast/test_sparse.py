@@ -119,3 +119,22 @@ def test_embed_sparse_and_embeddings_answer_the_largest_weights_by_index(tmp_pat
         assert item["embedding"]["indices"] == indices
         np.testing.assert_allclose(item["embedding"]["values"], values, rtol=1e-6)
     assert items["usage"]["prompt_tokens"] == sum(len(ids) for ids in _token_ids(folder, TEXTS))
+
+
+def test_a_sparse_models_prompts_are_put_before_its_texts(tmp_path):
+    """A SPLADE folder's query prompt, named on TEI's route or asked by input type on
+    OpenAI's, goes before each text, as sentence-transformers' SparseEncoder puts it."""
+    folder = sparse_folder(tmp_path)
+    settings = folder / "config_sentence_transformers.json"
+    settings.write_text(json.dumps({**json.loads(settings.read_text()), "prompts": {"query": "query: ", "document": ""}}))
+
+    async def test():
+        async with serving(model=ModelConfig(name="s", source=str(folder), engine="torch")) as client:
+            named = await (await client.post("/embed_sparse", json={"inputs": TEXTS, "prompt_name": "query"})).json()
+            typed = await (await client.post("/v1/embeddings", json={"input": TEXTS, "input_type": "query"})).json()
+        return named, typed
+
+    named, typed = asyncio.run(test())
+    expected = _expected(folder, ["query: " + text for text in TEXTS], VOCABULARY)
+    assert [[e["index"] for e in entries] for entries in named] == [indices for indices, _ in expected]
+    assert [item["embedding"]["indices"] for item in typed["data"]] == [indices for indices, _ in expected]

@@ -2,7 +2,8 @@
 whole text: parity with tokenizing the whole text and truncating, over many shapes of long
 input (whitespace runs, no spaces, multi-byte and combining characters), for three
 tokenizer families (WordPiece as BERT's, byte-level BPE as RoBERTa's, Unigram as
-XLM-RoBERTa's), single texts and rerank pairs; and the bound on what is read."""
+XLM-RoBERTa's), single texts (a prompt before them too) and rerank pairs; and the bound on
+what is read."""
 
 from __future__ import annotations
 
@@ -125,6 +126,27 @@ def test_long_texts_give_the_ids_of_the_whole_text(tmp_path, family, max_length)
     for i, (ids, encoding) in enumerate(zip(_split(answer), expected)):
         assert ids == encoding.ids, f"text {i} ({len(texts[i])} chars): {texts[i][:80]!r}"
     assert answer.truncated == [i for i, e in enumerate(expected) if e.overflowing]
+
+
+@pytest.mark.parametrize("family", ["wordpiece", "bpe", "unigram"])
+def test_a_prompt_goes_before_each_text_and_may_be_left_out_of_pooling(tmp_path, family):
+    """The prompt's tokens, then the text's: those of the whole prompted text cut to
+    max_length. Where the model's pooling leaves the prompt out, the head reads none of the
+    tokens of the prompt tokenized alone (less the special token it ends with)."""
+    spec = msgspec.structs.replace(_spec(family, tmp_path / family, "embed", 16), pools_prompt=False)
+    reference = Tokenizer.from_file(str(Path(spec.path) / "tokenizer.json"))
+    reference.no_padding()
+    reference.enable_truncation(16)
+    rng = random.Random(1)
+    texts = [long_text(rng, rng.randint(50, spec.max_input_chars)) for _ in range(20)] + ["x"]
+    prompt = "search query: "
+    answer = ModelTokenizer(spec).tokenize(protocol.Tokenize(1, "m", texts=texts, prompt=prompt))
+    expected = reference.encode_batch([prompt + text for text in texts])
+    assert _split(answer) == [encoding.ids for encoding in expected]
+    alone = reference.encode(prompt)
+    prompt_tokens = len(alone.ids) - alone.special_tokens_mask[-1]
+    read = np.frombuffer(answer.inputs.masks.read, np.int8).tolist()
+    assert read == [int(i >= prompt_tokens) for encoding in expected for i in range(len(encoding.ids))]
 
 
 @pytest.mark.parametrize("family", ["wordpiece", "bpe", "unigram"])
@@ -251,16 +273,19 @@ def test_a_model_that_lower_cases_reads_its_prefixes_lower_cased(tmp_path):
 def test_queries_and_documents_are_tokenized_each_their_own_way():
     """A model with tasks: the query's prompt and expansion up to its length with tokens
     the encoder does not attend to (not billed), the document's prompt, length and
-    skipped tokens."""
+    skipped tokens; a request without a task is the model's documents, prompt included."""
     tokenizer_base = resolve_model(ModelConfig(name="m"))
     vocab = Tokenizer.from_file(str(Path(tokenizer_base.path) / "tokenizer.json"))
     vocab.no_padding()
     mask_id, the_id = vocab.token_to_id("[MASK]"), vocab.token_to_id("the")
-    tasks = {"query": protocol.TaskEncoding(prompt="query: ", max_length=8, expand_to=8, expansion_id=mask_id),
-             "document": protocol.TaskEncoding(prompt="passage: ", max_length=6, skip_ids=[the_id])}
-    tokenizer = model_tokenizer(msgspec.structs.replace(tokenizer_base, kind="multivector", tasks=tasks))
+    tasks = {"query": protocol.TaskEncoding(max_length=8, expand_to=8, expansion_id=mask_id),
+             "document": protocol.TaskEncoding(max_length=6, skip_ids=[the_id])}
+    spec = msgspec.structs.replace(tokenizer_base, kind="multivector", tasks=tasks,
+                                   prompts={"query": "query: ", "document": "passage: "})
+    tokenizer = model_tokenizer(spec)
 
-    answer = tokenizer.tokenize(protocol.Tokenize(1, "m", texts=["the fox"], task="query"))
+    answer = tokenizer.tokenize(protocol.Tokenize(1, "m", texts=["the fox"], task="query",
+                                                  prompt=spec.prompt_for("query")))
     query = answer.inputs
     real = vocab.encode("query: the fox").ids
     assert list(np.frombuffer(query.ids, "<i4")) == real + [mask_id] * (8 - len(real))
@@ -269,7 +294,8 @@ def test_queries_and_documents_are_tokenized_each_their_own_way():
     assert query.masks.read is None
 
     for task in ("document", None):
-        answer = tokenizer.tokenize(protocol.Tokenize(2, "m", texts=["the fox and the dog ran"], task=task))
+        answer = tokenizer.tokenize(protocol.Tokenize(2, "m", texts=["the fox and the dog ran"], task=task,
+                                                      prompt=spec.prompt_for(task)))
         document = answer.inputs
         ids = vocab.encode("passage: the fox and the dog ran").ids
         cut = ids[:5] + ids[-1:]  # six tokens, [SEP] kept

@@ -444,14 +444,9 @@ QWEN_SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_
                        "<|image_pad|>", "<|video_pad|>")
 
 
-def save_tiny_colqwen2(folder: Path, seed: int = 0) -> Path:
-    """A ColQwen2 over a 2-layer Qwen2-VL (hidden 32, multimodal rotary sections summing to
-    half its head size) and a 1-block vision tower (14-pixel patches merged 2x2; images of
-    56x56 to 112x112 pixels, so their token count varies with their size), vectors of 16,
-    over a byte-level BPE with Qwen's special tokens, with its processor."""
+def train_qwen_tokenizer() -> Tokenizer:
+    """A byte-level BPE (300 entries) with Qwen's special tokens, trained on the tiny words."""
     from tokenizers import decoders
-    from transformers import (ColQwen2Config, ColQwen2ForRetrieval, ColQwen2Processor, PreTrainedTokenizerFast,
-                              Qwen2VLConfig, Qwen2VLImageProcessor)
 
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -459,6 +454,18 @@ def save_tiny_colqwen2(folder: Path, seed: int = 0) -> Path:
     trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=list(QWEN_SPECIAL_TOKENS), show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tokenizer.train_from_iterator([" ".join(WORDS), "Question: describe the image"] * 4, trainer)
+    return tokenizer
+
+
+def save_tiny_colqwen2(folder: Path, seed: int = 0) -> Path:
+    """A ColQwen2 over a 2-layer Qwen2-VL (hidden 32, multimodal rotary sections summing to
+    half its head size) and a 1-block vision tower (14-pixel patches merged 2x2; images of
+    56x56 to 112x112 pixels, so their token count varies with their size), vectors of 16,
+    over a byte-level BPE with Qwen's special tokens, with its processor."""
+    from transformers import (ColQwen2Config, ColQwen2ForRetrieval, ColQwen2Processor, PreTrainedTokenizerFast,
+                              Qwen2VLConfig, Qwen2VLImageProcessor)
+
+    tokenizer = train_qwen_tokenizer()
     fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="<|endoftext|>", pad_token="<|endoftext|>",
                                    model_max_length=512)
     fast.add_special_tokens({"additional_special_tokens": list(QWEN_SPECIAL_TOKENS[1:])})
@@ -477,4 +484,51 @@ def save_tiny_colqwen2(folder: Path, seed: int = 0) -> Path:
     torch.manual_seed(seed)
     ColQwen2ForRetrieval(ColQwen2Config(vlm_config=vlm, embedding_dim=16)).eval().save_pretrained(folder)
     processor.save_pretrained(folder)
+    return folder
+
+
+# --- prompts: sentence-transformers folders that declare them ----------------------------------
+
+def save_tiny_prompted_encoder(folder: Path, prompts: dict[str, str], default_prompt_name: str | None = None,
+                               pooling: str = "mean", include_prompt: bool = True, seed: int = 0) -> Path:
+    """sentence-transformers' SentenceTransformer over a tiny BERT (Transformer -> Pooling
+    -> Normalize) with `prompts` and `default_prompt_name`, its Pooling of `pooling` and
+    `include_prompt` (false: the prompt's tokens left out of it), saved by it."""
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.base.modules import Normalize, Transformer
+    from sentence_transformers.sentence_transformer.modules import Pooling
+
+    bert = save_tiny_bert(folder.with_name(folder.name + "-bert"), seed)
+    SentenceTransformer(modules=[Transformer(str(bert)), Pooling(32, pooling, include_prompt=include_prompt),
+                                 Normalize()], prompts=prompts, default_prompt_name=default_prompt_name).save(str(folder))
+    return folder
+
+
+QWEN3_TINY_PROMPTS = {"query": "Instruct: Given a tiny query, find its passages\nQuery:", "document": ""}
+
+
+def save_tiny_qwen3_embedder(folder: Path, seed: int = 0) -> Path:
+    """Qwen3-Embedding's layout at a tiny size: a 2-layer Qwen3 decoder (hidden 32), its
+    byte-level BPE ending each text with <|endoftext|>, last-token pooling, normalised, and
+    an instruction as its `query` prompt (`QWEN3_TINY_PROMPTS`), saved by
+    sentence-transformers."""
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.base.modules import Normalize, Transformer
+    from sentence_transformers.sentence_transformer.modules import Pooling
+    from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3Model
+
+    decoder = folder.with_name(folder.name + "-qwen3")
+    tokenizer = train_qwen_tokenizer()
+    end = tokenizer.token_to_id("<|endoftext|>")
+    tokenizer.post_processor = processors.TemplateProcessing(single="$A <|endoftext|>",
+                                                             special_tokens=[("<|endoftext|>", end)])
+    PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="<|endoftext|>", pad_token="<|endoftext|>",
+                            model_max_length=64).save_pretrained(decoder)
+    config = Qwen3Config(vocab_size=tokenizer.get_vocab_size(), hidden_size=32, intermediate_size=64,
+                         num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, head_dim=16,
+                         max_position_embeddings=64, pad_token_id=end, eos_token_id=end)
+    torch.manual_seed(seed)
+    Qwen3Model(config).eval().save_pretrained(decoder)
+    SentenceTransformer(modules=[Transformer(str(decoder)), Pooling(32, "lasttoken"), Normalize()],
+                        prompts=QWEN3_TINY_PROMPTS).save(str(folder))
     return folder

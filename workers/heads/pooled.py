@@ -11,17 +11,20 @@ from infinity.shared.protocol import ModelSpec
 
 
 def pool(mode: str, hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-    """(n, L, d) token states, (n, L) mask -> (n, d)."""
+    """(n, L, d) token states, (n, L) mask of the tokens read -> (n, d). The mask is the
+    attention mask (right padding), less a prompt's tokens where the model leaves them out
+    of pooling: "cls" takes the first token read, "lasttoken" the last, as
+    sentence-transformers' Pooling does."""
     if mode == "mean":
         # Summed into float32: a reduced-precision sum would round every pooled vector to
         # 8 bits of mantissa (float32 states give the same bits as before).
         mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
         return (hidden * mask).sum(dim=1, dtype=torch.float32) / mask.sum(dim=1, dtype=torch.float32).clamp(min=1e-9)
+    rows = torch.arange(hidden.shape[0], device=hidden.device)
     if mode == "cls":
-        return hidden[:, 0]
+        return hidden[rows, attention_mask.argmax(dim=1)]
     if mode == "lasttoken":
-        last = attention_mask.sum(dim=1) - 1
-        return hidden[torch.arange(hidden.shape[0]), last]
+        return hidden[rows, attention_mask.shape[1] - 1 - attention_mask.flip(1).argmax(dim=1)]
     raise ValueError(f"unknown pooling {mode!r}")
 
 

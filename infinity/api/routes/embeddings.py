@@ -15,6 +15,7 @@ from infinity.api.embedding import Embedder
 from infinity.api.errors import APIError
 from infinity.api.inputs import output_types, text_inputs, text_or_token_inputs
 from infinity.api.media_fetch import media_bytes
+from infinity.api.prompts import with_prompt
 from infinity.api.routes.common import (CONFIG, ENGINE_CLIENT, FETCHER, MODEL_ERRORS, RawAnswer, Route, kinds_serving,
                                         max_items, served_model)
 from infinity.api.types.common import ApiVersion, BilledUnits, CohereMeta, ImagePart, InputTokens, TextPart
@@ -97,6 +98,7 @@ async def cohere_embed(request: web.Request, body: CohereEmbedRequest) -> Cohere
     else:
         raise APIError(422, f"model '{model.spec.name}' does not embed images (it is of kind '{model.spec.kind}')",
                        param="images")
+    inputs = with_prompt(model, inputs, body.prompt, body.prompt_name, body.input_type)
     result, rows = await _embedder(request).vectors(model, inputs, body.output_dimension, "output_dimension")
     version = "2" if request.path.endswith("/v2/embed") else "1"
     by_type = version == "2" or body.embedding_types is not None or default != "float"
@@ -114,9 +116,8 @@ async def cohere_embed(request: web.Request, body: CohereEmbedRequest) -> Cohere
 async def embed_sparse(request: web.Request, body: SparseEmbedRequest) -> SparseEmbedResponse:
     """TEI's sparse embeddings: per input, its nonzero values as `{index, value}`, by index."""
     model = served_model(request, body.model, SPARSE_KINDS)
-    if body.prompt_name is not None:
-        raise APIError(422, f"model '{model.spec.name}' has no prompts; leave prompt_name out", param="prompt_name")
-    inputs = text_or_token_inputs(body.inputs, max_items(request), "inputs")
+    inputs = with_prompt(model, text_or_token_inputs(body.inputs, max_items(request), "inputs"), body.prompt,
+                         body.prompt_name, None)
     result, vectors = await _embedder(request).sparse_vectors(model, inputs, body.top_k)
     if body.truncate is False and result.truncated:
         raise APIError(422, f"{result.truncated} of the inputs are longer than the {model.spec.max_length} tokens of "

@@ -49,6 +49,8 @@ def _model_card(model: ServedModel) -> ModelCard:
         ready=model.ready,
         dimensions=info.dim if info else None,
         max_length=spec.max_length,
+        prompts=spec.prompts,
+        default_prompt_name=spec.default_prompt_name,
         devices=[replica.device for replica in model.replicas],
         # Each replica's readiness and the inputs it has computed (how the load spreads).
         replicas=[ReplicaCard(replica.device, replica.ready, replica.served,

@@ -33,8 +33,12 @@ TextOrTokens = Annotated[Any, Meta(
     extra_json_schema=_TEXT_OR_TOKENS)]
 
 
-# Queries and documents, in OpenAI-style and in Cohere's names.
-InputType = Literal["query", "document", "search_query", "search_document"]
+# What the inputs are, in OpenAI-style and in Cohere's names: each picks the model's prompt
+# for it (`infinity.api.prompts`).
+InputType = Literal["query", "document", "search_query", "search_document", "classification", "clustering"]
+INPUT_TYPE = Meta(description="What the inputs are: each gets the model's prompt for it where it has one (query; "
+                              "document, else passage or corpus; classification; clustering), and a multi-vector "
+                              "model encodes queries as queries, everything else as documents")
 
 
 class ModelRequest(Struct, kw_only=True):
@@ -42,6 +46,14 @@ class ModelRequest(Struct, kw_only=True):
 
     priority: Annotated[Priority, Meta(description="Lower is served first (as vLLM's); default: the API key's "
                                                    "(0 without keys)")] | UnsetType = UNSET
+
+
+class PromptedRequest(ModelRequest, kw_only=True):
+    """A body whose texts may have a prompt put before them (`infinity.api.prompts`)."""
+
+    prompt_name: Annotated[str, Meta(description="The model's prompt of this name (its list is on /v1/models) "
+                                                 "before each text")] | None = None
+    prompt: Annotated[str, Meta(description="This text before each text (instead of a prompt_name)")] | None = None
 
 
 class ImageUrl(Struct):

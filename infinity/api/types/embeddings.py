@@ -10,8 +10,8 @@ from msgspec import UNSET, Meta, Struct, UnsetType
 from infinity.api.binary import Endianness, WireDtype
 from infinity.api.errors import APIError
 from infinity.api.inputs import output_types
-from infinity.api.types.common import (ApiVersion, BilledUnits, CohereMeta, ImagePart, ImageUrl, InputTokens, InputType,
-                                       ModelRequest, TextOrTokens, TextPart, Usage)
+from infinity.api.types.common import (INPUT_TYPE, ApiVersion, BilledUnits, CohereMeta, ImagePart, ImageUrl,
+                                       InputTokens, InputType, PromptedRequest, TextOrTokens, TextPart, Usage)
 from infinity.shared.kinds import KINDS
 from infinity.shared.vectors import EmbeddingType
 
@@ -49,11 +49,11 @@ class ChatMessage(Struct):
     role: str = "user"
 
 
-class EmbeddingRequest(ModelRequest):
+class EmbeddingRequest(PromptedRequest):
     """OpenAI embeddings, plus the output type: `embedding_type` (one, in each item's
     `embedding`) or `embedding_types` (several, in each item's `embeddings`), a sparse
-    model's `top_k`; or, instead of `input`, vLLM's `messages` holding one text or one
-    image."""
+    model's `top_k`, the texts' prompt (`prompt_name`, `prompt`, `input_type`); or,
+    instead of `input`, vLLM's `messages` holding one text or one image."""
 
     input: TextOrTokens | None = None
     messages: Annotated[list[ChatMessage], Meta(min_length=1)] | None = None
@@ -71,13 +71,7 @@ class EmbeddingRequest(ModelRequest):
     # What `input` holds: text, or (for models that see or hear) images or audio as data:
     # URIs or URLs, as infinity's `modality`.
     modality: Literal["text", "image", "audio"] = "text"
-    input_type: Annotated[InputType, Meta(description="Encode the inputs as queries or as documents, for models "
-                                                      "that tell them apart (multi-vector); default document")] | None = None
-
-    @property
-    def task(self) -> str | None:
-        """The `input_type` in the model's terms: "query", "document" or None (not given)."""
-        return None if self.input_type is None else self.input_type.removeprefix("search_")
+    input_type: Annotated[InputType, INPUT_TYPE] | None = None
     top_k: TopK | None = None
     outputs: Annotated[list[VectorType], Meta(
         min_length=1, description="A hybrid model's outputs to answer from one pass, each item holding each in its "
@@ -102,33 +96,33 @@ class CohereInput(Struct):
     content: Annotated[list[TextPart | ImagePart], Meta(min_length=1)]
 
 
-class CohereEmbedRequest(ModelRequest):
+class CohereEmbedRequest(PromptedRequest):
     """Cohere v1/v2 embed bodies: `texts`, or `images` (data: URIs) for image-text models,
-    or v2's `inputs` (each one text or one image_url part). `input_type` is accepted and
-    ignored; long inputs are cut at the end (or refused) as the model's `truncate`
-    setting says, so `truncate` may only be END."""
+    or v2's `inputs` (each one text or one image_url part). `input_type` picks the texts'
+    prompt, as on `/v1/embeddings` (`prompt_name` and `prompt` too); long inputs are cut
+    at the end (or refused) as the model's `truncate` setting says, so `truncate` may only
+    be END."""
 
     texts: Annotated[list[Annotated[str, Meta(min_length=1)]], Meta(min_length=1)] | None = None
     images: Annotated[list[str], Meta(min_length=1)] | None = None
     inputs: Annotated[list[CohereInput], Meta(min_length=1)] | None = None
     model: str | None = None
-    input_type: str | None = None
+    input_type: Annotated[Literal[InputType, "image"], INPUT_TYPE] | None = None
     embedding_types: Annotated[list[CohereEmbeddingType], Meta(min_length=1)] | None = None
     truncate: Literal["END"] = "END"
     output_dimension: Annotated[int, Meta(extra_json_schema={"minimum": 1})] | None = None
 
 
-class SparseEmbedRequest(ModelRequest):
-    """TEI's `/embed_sparse` body, plus `model` (a served sparse model; none: the only one)
-    and `top_k`. Long inputs are cut at the end as the model's `truncate` setting says;
-    `truncate: false` refuses them (422) even where the model would cut them. A served
-    sparse model has no prompts, so `prompt_name` is refused."""
+class SparseEmbedRequest(PromptedRequest):
+    """TEI's `/embed_sparse` body, plus `model` (a served sparse model; none: the only one),
+    `top_k` and `prompt` (beside TEI's `prompt_name`). Long inputs are cut at the end as the
+    model's `truncate` setting says; `truncate: false` refuses them (422) even where the
+    model would cut them."""
 
     inputs: TextOrTokens
     model: str | None = None
     truncate: bool | None = None
     truncation_direction: Literal["Right"] = "Right"
-    prompt_name: str | None = None
     top_k: TopK | None = None
 
 

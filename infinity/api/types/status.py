@@ -38,6 +38,8 @@ class ModelCard(Struct, kw_only=True):
     ready: bool
     dimensions: int | None
     max_length: int
+    prompts: dict[str, str]  # put before each text, by name (a request's prompt_name)
+    default_prompt_name: str | None  # the prompt of requests that ask for none
     devices: list[str]
     replicas: list[ReplicaCard]
 

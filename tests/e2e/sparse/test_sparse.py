@@ -191,7 +191,7 @@ def test_what_a_sparse_vector_cannot_be_is_refused_on_embeddings(sparse_server, 
 
 
 @pytest.mark.parametrize("fields, param", [
-    ({"prompt_name": "query"}, "prompt_name"),
+    ({"prompt_name": "no-such-prompt"}, "prompt_name"),
     ({"truncation_direction": "Left"}, "truncation_direction"),
     ({"top_k": 0}, "top_k"),
     ({"inputs": ""}, "inputs"),
