@@ -14,6 +14,7 @@ import hmac
 import logging
 import os
 import signal
+import types
 import typing
 from collections.abc import Awaitable, Callable
 from importlib.metadata import version
@@ -88,8 +89,7 @@ def create_app(config: Config, specs: list[ModelSpec], launch: Launch = spawn_pr
 def _handler(route: Route) -> Handler:
     """The aiohttp handler of `route`: decode the body, serve, encode the answer."""
     op = route.operation
-    # A NewType answer (a bare list) is an instance of the class of the type it names.
-    answer_class = typing.get_origin(getattr(op.answer, "__supertype__", None)) or op.answer
+    answer_classes = _answer_classes(op.answer)
 
     async def handle(request: web.Request) -> web.Response:
         body = await _read(request, op.body, op.media) if op.body is not None else None
@@ -99,10 +99,19 @@ def _handler(route: Route) -> Handler:
             answer = await route.serve(request, body)
         if isinstance(answer, RawAnswer) and op.binary:
             return web.Response(body=answer.body, content_type=answer.content_type)
-        assert isinstance(answer, answer_class), f"{op.path} answered {type(answer).__name__}"
+        assert isinstance(answer, answer_classes), f"{op.path} answered {type(answer).__name__}"
         return web.Response(body=msgspec.json.encode(answer), content_type="application/json")
 
     return handle
+
+
+def _answer_classes(answer: Any) -> tuple[type, ...]:
+    """The classes an operation's answers are instances of: a Struct's, or for a NewType
+    (an answer of another shape) those of the type it names, each member's of a union (an
+    operation answering in the shape its body asks)."""
+    named = getattr(answer, "__supertype__", answer)
+    members = typing.get_args(named) if isinstance(named, types.UnionType) else (named,)
+    return tuple(typing.get_origin(member) or member for member in members)
 
 
 async def _serve_openapi(request: web.Request) -> web.Response:

@@ -40,12 +40,18 @@ def text_or_token_inputs(value: Any, max_items: int, param: str = "input") -> Mo
         raise APIError(422, _SHAPE.format(param), param=param)
     if all(isinstance(v, str) for v in value):
         return text_inputs(value, max_items, param)
-    _check_count(len(value), max_items, param)
+    return token_inputs(value, max_items, param, _SHAPE.format(param))
+
+
+def token_inputs(value: list, max_items: int, param: str, shape: str) -> ModelInputs:
+    """Check a non-empty list of token ids (one input), or of lists of them (the field
+    `param`; `shape`: what it should be, said if it is not)."""
     if all(_is_token(v) for v in value):
         return ModelInputs(token_ids=_in_range([value], param))
+    _check_count(len(value), max_items, param)
     if all(isinstance(v, list) and v and all(_is_token(t) for t in v) for v in value):
         return ModelInputs(token_ids=_in_range(value, param))
-    raise APIError(422, _SHAPE.format(param), param=param)
+    raise APIError(422, shape, param=param)
 
 
 def text_inputs(texts: list[str], max_items: int, param: str) -> ModelInputs:

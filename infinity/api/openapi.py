@@ -43,7 +43,8 @@ class Operation:
     aliases: tuple[str, ...]  # other paths serving the same operation
     summary: str
     body: type[msgspec.Struct] | None
-    # A Struct, or a NewType that names an answer of another shape (a bare list).
+    # A Struct, or a NewType that names an answer of another shape (a bare list), or a
+    # union of shapes (answered in the shape its body asks).
     answer: type[msgspec.Struct] | NewType
     errors: tuple[int, ...]
     kinds: tuple[str, ...] = ()  # the kinds of model the body's `model` may name (embed, rerank, ...)

@@ -121,7 +121,7 @@ class _Pending:
     request_id: int
     model: ServedModel
     slots: list[int]
-    future: asyncio.Future[Result]
+    future: asyncio.Future[Result | protocol.LookedUp]  # an inference request's outputs, or a lookup's answer
     holder: Child | None  # None: tokenized in the front end, not yet sent anywhere
     priority: int = 0
     trace: str | None = None  # its traceparent, where it is traced
@@ -200,6 +200,7 @@ class EngineClient:
             protocol.Ready: self._on_ready,
             protocol.StartupFailed: self._on_startup_failed,
             protocol.Tokenized: self._on_tokenized,
+            protocol.LookedUp: self._on_looked_up,
             protocol.Done: self._on_done,
             protocol.Failed: self._on_failed,
             protocol.BatchRan: self._on_batch_ran,
@@ -267,8 +268,7 @@ class EngineClient:
         if not model.ready:
             raise ServingError(protocol.ErrorKind.MODEL_NOT_READY,
                                f"model '{model.spec.name}' is not ready yet; retry shortly")
-        inline = self._inline.get(model.spec.name) if _tokenized_here(inputs, idle=not self._pending) else None
-        tokenizer = None if inline is not None else self._pick_tokenizer()
+        inline, tokenizer = self._tokenizer_for(model, inputs)
         priority = _PRIORITY.get()
         slots = self._admit(model, len(inputs), priority)
         self._next_id += 1
@@ -277,23 +277,58 @@ class EngineClient:
                                     _within([inputs.query], limit)[0] if inputs.query is not None else None,
                                     inputs.task, inputs.media, trace=tracing.traceparent(),
                                     prompt=inputs.prompt_on(model.spec))
-        if tokenizer is not None:
+        result = await self._submit(_Pending(self._next_id, model, slots, asyncio.get_running_loop().create_future(),
+                                             tokenizer, priority, request.trace,
+                                             vector_types=_vector_types(model, inputs)), request, inline)
+        tracing.outputs_arrived()
+        return result
+
+    async def look_up(self, model: ServedModel, inputs: ModelInputs, special_tokens: bool) -> protocol.LookedUp:
+        """What `model`'s tokenizer makes of `inputs` (`protocol.Tokenize.lookup`): each
+        text's tokens after its prompt (`ModelInputs.prompt_on`), whole, with
+        (`special_tokens`) or without the special tokens the model adds; or each token-id
+        sequence's text, with or without its special tokens. No model runs and no slot is
+        taken.
+
+        A lookup is answered where an embedding request of the same inputs would be
+        tokenized (`_tokenized_here`): in the front end when it is small, or when nothing
+        else is in flight, which spares a lone client two process hops; in a tokenizer
+        process otherwise, so that thousands of long texts (each token's offsets cost more
+        than its id) never hold the event loop that serves every other request."""
+        if self._stopping or self.draining:
+            raise ServingError(protocol.ErrorKind.SHUTTING_DOWN, "the server is shutting down")
+        inline, tokenizer = self._tokenizer_for(model, inputs)
+        self._next_id += 1
+        request = protocol.Tokenize(self._next_id, model.spec.name, inputs.texts, inputs.token_ids,
+                                    trace=tracing.traceparent(), prompt=inputs.prompt_on(model.spec), lookup=True,
+                                    special_tokens=special_tokens)
+        return await self._submit(_Pending(self._next_id, model, [], asyncio.get_running_loop().create_future(),
+                                           tokenizer), request, inline)
+
+    def _tokenizer_for(self, model: ServedModel,
+                       inputs: ModelInputs) -> tuple[ModelTokenizer | TaskTokenizer | None, Child | None]:
+        """Where `inputs` are tokenized: (the front end's tokenizer of `model`, None) where
+        `_tokenized_here` says so and it has one, else (None, a tokenizer process)."""
+        inline = self._inline.get(model.spec.name) if _tokenized_here(inputs, idle=not self._pending) else None
+        return inline, None if inline is not None else self._pick_tokenizer()
+
+    async def _submit(self, pending: _Pending, request: protocol.Tokenize,
+                      inline: ModelTokenizer | TaskTokenizer | None) -> Result | protocol.LookedUp:
+        """Send `request` to the tokenizer process `pending.holder` (or tokenize it here with
+        `inline`), then wait for its request's answer."""
+        if pending.holder is not None:
             try:
-                tokenizer.send(request)
+                pending.holder.send(request)
             except Exception:
-                model.pool.give_back(slots)
+                pending.model.pool.give_back(pending.slots)
                 raise
-            self._outstanding[tokenizer.name] += 1
-        pending = _Pending(self._next_id, model, slots, asyncio.get_running_loop().create_future(), tokenizer,
-                           priority, request.trace, vector_types=_vector_types(model, inputs))
+            self._outstanding[pending.holder.name] += 1
         self._pending[pending.request_id] = pending
         if inline is not None:
             answer = reply(inline.tokenize, request)
             self._handlers[type(answer)](answer)
         try:
-            result = await pending.future
-            tracing.outputs_arrived()
-            return result
+            return await pending.future
         except asyncio.CancelledError:
             self._abandon(pending)
             raise
@@ -320,7 +355,9 @@ class EngineClient:
     def _abandon(self, pending: _Pending) -> None:
         """The client went away: stop the work if it is still queued somewhere."""
         if pending.future.done() and not pending.future.cancelled() and pending.future.exception() is None:
-            pending.future.result().release()
+            answer = pending.future.result()
+            if isinstance(answer, Result):
+                answer.release()
             return
         pending.abandoned = True
         if pending.holder in self.inference and pending.holder.channel is not None:
@@ -380,6 +417,15 @@ class EngineClient:
         replica.outstanding += len(pending.slots)
         replica.child.send(protocol.Infer(message.request_id, model.spec.name, pending.slots, message.inputs,
                                           pending.priority, pending.trace, pending.vector_types))
+
+    def _on_looked_up(self, message: protocol.LookedUp) -> None:
+        pending = self._take(message.request_id)
+        if pending is None:
+            return
+        if pending.holder is not None:
+            self._outstanding[pending.holder.name] -= 1
+        if not pending.future.done():
+            pending.future.set_result(message)
 
     def _on_done(self, message: protocol.Done) -> None:
         pending = self._take(message.request_id)

@@ -11,7 +11,8 @@ Flow of one request:
     front end --Infer--> inference --Done | Failed--> front end
     front end --Cancel--> inference (the client went away)
 and, once per child at start, `Ready` (or `StartupFailed`) to the front end. A child is
-started with `WorkerArgs`, which carries the `ModelSpec` of each model it serves.
+started with `WorkerArgs`, which carries the `ModelSpec` of each model it serves. A lookup
+(`/tokenize`, `/detokenize`) is a `Tokenize` answered with `LookedUp` (or `Failed`).
 
 A request's inputs, once made ready for the model, are one `Inputs` value (token ids, or
 named feature arrays) that the front end relays from `Tokenized` into `Infer` untouched:
@@ -168,7 +169,8 @@ class Tokenize(msgspec.Struct, tag=True, array_like=True):
     """Tokenize `texts` (or check and truncate `token_ids`) for `model`; with `query`, each
     text is paired with it (query first; only the text side is truncated); `task`: encode
     them as the model's queries or documents (`ModelSpec.tasks`); `prompt`: put before each
-    text."""
+    text. With `lookup`, no model runs: the answer is what the tokenizer makes of the
+    inputs (`LookedUp`: each text's tokens, or each token-id sequence's text)."""
 
     request_id: int
     model: str
@@ -182,6 +184,9 @@ class Tokenize(msgspec.Struct, tag=True, array_like=True):
     media: list[bytes] | None = None
     trace: str | None = None  # the request's W3C traceparent, where it is traced (`infinity.shared.tracing`)
     prompt: str = ""
+    lookup: bool = False
+    # With `lookup`: add the model's special tokens to texts, and keep them in decoded texts.
+    special_tokens: bool = True
 
 
 class TokenMasks(msgspec.Struct, array_like=True):
@@ -279,6 +284,27 @@ class Tokenized(msgspec.Struct, tag=True, array_like=True):
     request_id: int
     inputs: Inputs
     truncated: list[int] = []
+
+
+class TextTokens(msgspec.Struct, array_like=True):
+    """One text's tokens as its model's tokenizer cuts it, whole: ids, each as the
+    vocabulary spells it, its span of characters [start, stop) in the text tokenized (the
+    prompt, then the input; (0, 0) for tokens the tokenizer adds), and whether it is a
+    special token."""
+
+    ids: list[int]
+    strings: list[str]
+    offsets: list[tuple[int, int]]
+    special: list[bool]
+
+
+class LookedUp(msgspec.Struct, tag=True, array_like=True):
+    """The answer to a `Tokenize` with `lookup`: each text's tokens, or each token-id
+    sequence decoded into text."""
+
+    request_id: int
+    tokens: list[TextTokens] | None = None
+    texts: list[str] | None = None
 
 
 class Infer(msgspec.Struct, tag=True, array_like=True):
@@ -381,7 +407,7 @@ class BatchRan(msgspec.Struct, tag=True, array_like=True):
     priorities: list[int]
 
 
-Message = Tokenize | Tokenized | Infer | Cancel | Done | Failed | Ready | StartupFailed | BatchRan
+Message = Tokenize | Tokenized | LookedUp | Infer | Cancel | Done | Failed | Ready | StartupFailed | BatchRan
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(list[Message])

@@ -31,7 +31,7 @@ from infinity.config import ApiKey, Config, ModelConfig, ServerConfig
 from infinity.folders.resolve import resolve_replicas
 from infinity.shared.channel import ChannelToFront
 from infinity.shared.kinds import KINDS, TEXT, RawOutput
-from infinity.shared.protocol import ModelSpec, WorkerArgs
+from infinity.shared.protocol import Message, ModelSpec, Tokenize, WorkerArgs
 from workers.engines.base import model_config, pad_id
 from workers.heads import LoadedModel, load_head, load_model
 from workers.inference import worker as inference_worker
@@ -209,6 +209,23 @@ class ModelLauncher(ThreadLauncher):
 
     def _load(self, spec: ModelSpec, threads: int) -> LoadedModel:
         return load_model(spec, threads)
+
+
+def tokenize_messages(monkeypatch) -> list[Tokenize]:  # noqa: ANN001 (pytest's fixture)
+    """Every `Tokenize` the front end sends a child from now on (those it tokenizes itself
+    are not sent), in order."""
+    from infinity.client.supervisor import Child
+
+    sent: list[Tokenize] = []
+    send = Child.send
+
+    def recording_send(child: Child, message: Message) -> None:
+        if isinstance(message, Tokenize):
+            sent.append(message)
+        send(child, message)
+
+    monkeypatch.setattr(Child, "send", recording_send)
+    return sent
 
 
 @contextlib.asynccontextmanager

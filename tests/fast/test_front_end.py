@@ -13,7 +13,7 @@ from tokenizers import Tokenizer
 
 from infinity.config import ModelConfig
 from infinity.folders.resolve import resolve_model
-from tests.fast.inprocess import ThreadLauncher, expected_embedding, serving
+from tests.fast.inprocess import ThreadLauncher, expected_embedding, serving, tokenize_messages
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -75,20 +75,19 @@ def test_a_lone_short_text_tokenized_in_the_front_end_and_token_ids_give_the_sam
     _run(test)
 
 
+def test_one_token_id_sequence_is_one_input_however_many_ids_it_holds(model_tokenizer):
+    async def test():
+        async with serving(max_items_per_request=4) as client:
+            ids = model_tokenizer.encode(TEXTS[1]).ids  # more ids than a request may carry inputs
+            return await (await client.post("/v1/embeddings", json={"input": ids})).json()
+
+    answer = asyncio.run(test())
+    np.testing.assert_allclose(answer["data"][0]["embedding"], _expected(model_tokenizer, TEXTS[1:2])[0], atol=1e-6)
+
+
 def test_texts_of_a_request_that_finds_nothing_in_flight_are_tokenized_in_the_front_end(model_tokenizer,
                                                                                           monkeypatch):
-    from infinity.shared import protocol
-    from infinity.client.supervisor import Child
-
-    to_tokenizers: list[protocol.Tokenize] = []
-    send = Child.send
-
-    def recording_send(child: Child, message: protocol.Message) -> None:
-        if isinstance(message, protocol.Tokenize):
-            to_tokenizers.append(message)
-        send(child, message)
-
-    monkeypatch.setattr(Child, "send", recording_send)
+    to_tokenizers = tokenize_messages(monkeypatch)
     long_texts = [TEXTS[1] * 8, TEXTS[0] * 10]  # 1,000 characters or so in all: over one short text
 
     async def test():

@@ -28,7 +28,8 @@ from infinity.api.routes import ROUTES
 from infinity.config import ModelConfig
 from infinity.shared import protocol
 from infinity.shared.kinds import KINDS, TEXT
-from tests.fast.inprocess import ThreadLauncher, media_features, output_width, pooled_states, serving, token_states
+from tests.fast.inprocess import (ThreadLauncher, media_features, output_width, pooled_states, serving,
+                                  serving_on_its_own_loop, token_states)
 from tests.support.bge_m3 import save_tiny_bge_m3
 from tests.support.tiny_models import (CLAP_SAMPLING_RATE, CLASSIFIER_LABELS, save_tiny_clap, save_tiny_classifier,
                                        save_tiny_clip, save_tiny_colpali, save_tiny_cross_encoder, save_tiny_masked_lm,
@@ -391,7 +392,7 @@ def test_a_page_retrieval_model_embeds_queries_and_pages_and_reranks_pages_by_ma
 BODIES = {"/v1/embeddings": {"input": ["a text"]}, "/embeddings_image": {"input": IMAGE_URIS[:1]},
           "/embeddings_audio": {"input": ["data:audio/wav;base64,AAAA"]}, "/v1/embed": {"texts": ["a text"]},
           "/v1/embed_sparse": {"inputs": ["a text"]}, "/v1/rerank": {"query": "a", "documents": ["b"]},
-          "/v1/classify": {"input": ["a text"]}}
+          "/v1/classify": {"input": ["a text"]}, "/tokenize": {"prompt": "a text"}, "/detokenize": {"tokens": [5]}}
 MODEL_ROUTES = [route.operation for route in ROUTES if route.operation.kinds]
 
 
@@ -399,14 +400,8 @@ MODEL_ROUTES = [route.operation for route in ROUTES if route.operation.kinds]
 def every_kind(folders):
     """A server of one model of each kind, named as its kind, on an event loop of its own
     for this module's tests to run their requests on: (the loop, the client)."""
-    loop = asyncio.new_event_loop()
-    server = serving(model=[_model(folders, kind) for kind in KINDS])
-    try:
-        client = loop.run_until_complete(server.__aenter__())
-        yield loop, client
-        loop.run_until_complete(server.__aexit__(None, None, None))
-    finally:
-        loop.close()
+    with serving_on_its_own_loop(model=[_model(folders, kind) for kind in KINDS]) as served:
+        yield served.loop, served.client
 
 
 def test_every_model_route_has_a_body_here():

@@ -1,6 +1,7 @@
 """Texts: turning request inputs into token ids (fast tokenizers, prompts, truncation, real
-token counts), and, in the inference process, splitting a request's `TokenInputs` into its
-inputs and padding a batch of them (`token_items`, `collate_tokens`).
+token counts), answering lookups (a text's tokens with their offsets, token ids decoded),
+and, in the inference process, splitting a request's `TokenInputs` into its inputs and
+padding a batch of them (`token_items`, `collate_tokens`).
 
 Padding is never applied when tokenizing (a model's tokenizer.json may pad every input to
 a fixed length, which makes the model several times slower on short inputs): the
@@ -89,9 +90,11 @@ class ModelTokenizer:
             self._tokenizer.enable_truncation(spec.max_length)
             self._pair_tokenizer.enable_truncation(spec.max_length, strategy="only_second")
 
-    def tokenize(self, request: protocol.Tokenize) -> protocol.Tokenized:
+    def tokenize(self, request: protocol.Tokenize) -> protocol.Tokenized | protocol.LookedUp:
         """`request`'s inputs made ready for the model: its texts (each after the request's
-        prompt) or token ids."""
+        prompt) or token ids; or, for a lookup, what the tokenizer makes of them."""
+        if request.lookup:
+            return self._look_up(request)
         type_ids = masks = None
         if request.query is not None:
             (query,), query_cut = self._readable([request.query])
@@ -124,6 +127,24 @@ class ModelTokenizer:
         the tokenizer ends it with."""
         encoding = self._tokenizer.encode(self._cased(prompt))
         return len(encoding.ids) - encoding.special_tokens_mask[-1:].count(1)
+
+    def _look_up(self, request: protocol.Tokenize) -> protocol.LookedUp:
+        """Each text's tokens, whole (not cut to the model's length), after the request's
+        prompt; or each token-id sequence decoded."""
+        if request.token_ids is not None:
+            known = self._untruncated.get_vocab_size(with_added_tokens=True)
+            for i, ids in enumerate(request.token_ids):
+                unknown = next((t for t in ids if t >= known), None)
+                if unknown is not None:
+                    raise InputError(f"input[{i}] holds token id {unknown}, outside the tokenizer's vocabulary "
+                                     f"(0 to {known - 1})")
+            return protocol.LookedUp(request.request_id, texts=self._untruncated.decode_batch(
+                request.token_ids, skip_special_tokens=not request.special_tokens))
+        encodings = self._untruncated.encode_batch([self._cased(request.prompt + text) for text in request.texts or []],
+                                                   add_special_tokens=request.special_tokens)
+        return protocol.LookedUp(request.request_id, tokens=[
+            protocol.TextTokens(e.ids, e.tokens, e.offsets, [flag == 1 for flag in e.special_tokens_mask])
+            for e in encodings])
 
     def _readable(self, texts: list[str]) -> tuple[list[str], list[bool]]:
         """What of each text the tokenizer reads (lower-cased if the model wants it), and
@@ -207,16 +228,18 @@ class TaskTokenizer:
     """Tokenizes the inputs of a model that encodes queries and documents each its own way
     (a multi-vector model, `ModelSpec.tasks`): the task's maximum length, query expansion
     and the tokens whose states are left out, as sentence-transformers' MultiVectorEncoder
-    applies them. A request without a task is encoded as documents."""
+    applies them. A request without a task is encoded as documents (a lookup too)."""
 
     def __init__(self, spec: ModelSpec) -> None:
         self._tasks = {task: (encoding, ModelTokenizer(msgspec.structs.replace(
                            spec, tasks={}, max_length=encoding.max_length or spec.max_length), encoding.markers))
                        for task, encoding in spec.tasks.items()}
 
-    def tokenize(self, request: protocol.Tokenize) -> protocol.Tokenized:
+    def tokenize(self, request: protocol.Tokenize) -> protocol.Tokenized | protocol.LookedUp:
         encoding, tokenizer = self._tasks[request.task or "document"]
         answer = tokenizer.tokenize(request)
+        if isinstance(answer, protocol.LookedUp):
+            return answer
         inputs = answer.inputs
         assert isinstance(inputs, protocol.TokenInputs)
         if encoding.expand_to:
