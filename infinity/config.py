@@ -23,6 +23,7 @@ DEFAULT_MODEL_SOURCE = "default"
 DEFAULT_MODEL_NAME = "all-MiniLM-L6-v2"
 
 Pooling = Literal["mean", "cls", "lasttoken"]
+LongInputs = Literal["truncate", "chunk", "error"]
 ModelKind = Literal[("auto", *KINDS)]  # type: ignore[valid-type]
 EngineChoice = Literal[(*ENGINE_OUTPUTS, "auto")]  # type: ignore[valid-type]
 
@@ -48,7 +49,17 @@ class ModelConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     pooling: Pooling | None = None
     normalize: bool | None = None
     max_length: int | None = None
+    # An input longer than max_length: "truncate" (cut to it), "chunk" (embedded in windows of
+    # max_length whose vectors are averaged, weighted by their tokens; models of one dense
+    # vector per text, and rerankers: their documents' chunks, the best scoring) or "error"
+    # (422). Requests may ask otherwise (`long_inputs`, Cohere's `truncate`, `max_chunks_per_doc`).
+    long_inputs: LongInputs | None = None
+    # The older spelling: false is long_inputs = "error".
     truncate: bool = True
+    # Tokens each chunk shares with the one before; the most chunks of one input (beyond, an
+    # input to embed is a 422, a document to rerank is scored on its first chunks).
+    chunk_overlap: int = 0
+    max_chunks_per_input: int = 64
     # Characters of one input the tokenizer reads at most (None: 64 per token of max_length).
     # Up to it, a long input gives exactly the tokens of the whole text, cut to max_length.
     max_input_chars: int | None = None
@@ -70,6 +81,10 @@ class ModelConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
             raise ConfigError("models.max_length must be at least 2")
         if self.max_input_chars is not None and self.max_input_chars < 1:
             raise ConfigError("models.max_input_chars must be positive")
+        if not self.truncate and self.long_inputs not in (None, "error"):
+            raise ConfigError(f"models.truncate = false means long_inputs = \"error\", not {self.long_inputs!r}")
+        if self.chunk_overlap < 0 or self.max_chunks_per_input < 1:
+            raise ConfigError("models.chunk_overlap must be 0 or more, models.max_chunks_per_input positive")
         if self.max_batch_tokens < 1 or self.max_batch_size < 1:
             raise ConfigError("models.max_batch_tokens and models.max_batch_size must be positive")
         refused = None if "auto" in (self.engine, self.dtype) else dtype_refusal(self.engine, self.dtype)
@@ -84,6 +99,11 @@ class ModelConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
         repeated = sorted({d for d in normalised if normalised.count(d) > 1})
         if repeated:
             raise ConfigError(f"models.device {self.device!r} names {', '.join(repeated)} more than once")
+
+    @property
+    def long_inputs_taken(self) -> LongInputs:
+        """How inputs longer than max_length are taken: `long_inputs`, else as `truncate` says."""
+        return self.long_inputs or ("truncate" if self.truncate else "error")
 
     @property
     def devices(self) -> list[str]:

@@ -14,6 +14,7 @@ import numpy as np
 from infinity.api.binary import encode_rows
 from infinity.api.errors import APIError
 from infinity.api.inputs import text_or_token_inputs
+from infinity.api.long_inputs import chunk_means, with_long_inputs
 from infinity.api.media_fetch import MediaFetcher, media_bytes
 from infinity.api.prompts import with_prompt
 from infinity.api.types.common import TextPart, ImagePart, Usage
@@ -81,7 +82,7 @@ class Embedder:
 
     async def _inputs(self, model: ServedModel, body: EmbeddingRequest) -> ModelInputs:
         """The inputs `body` (`with_input`) holds, as its modality says (media fetched),
-        with the prompt it asks for."""
+        with the prompt it asks for, its long ones taken as it asks."""
         if body.modality == "text":
             inputs = text_or_token_inputs(body.input, self.max_items)
         elif body.modality == model.kind.medium:
@@ -91,16 +92,18 @@ class Embedder:
             # Not read as text: a data: URI or URL embedded as words would be a wrong vector.
             raise APIError(422, f"model '{model.spec.name}' does not embed {body.modality} inputs (it is of kind "
                                 f"'{model.spec.kind}')", param="modality")
-        return with_prompt(model, inputs, body.prompt, body.prompt_name, body.input_type)
+        inputs = with_prompt(model, inputs, body.prompt, body.prompt_name, body.input_type)
+        return with_long_inputs(model, inputs, body.long_inputs, body.chunk_overlap)
 
     async def vectors(self, model: ServedModel, inputs: ModelInputs, dimensions: int | None,
                       dimensions_param: str) -> tuple[Result, np.ndarray]:
         """Run `inputs` through an embedder; return the (released) result and its vectors as
-        one (n, dim) float32 array, truncated to `dimensions` and re-normalised."""
+        one (n, dim) float32 array (a chunked input's: its chunks' mean, `chunk_means`),
+        truncated to `dimensions` and re-normalised."""
         _check_dimensions(model, dimensions, dimensions_param)
         result = await self.client.run(model, inputs)
         try:
-            rows = np.stack(list(result.rows()))
+            rows = chunk_means(result, model.spec.normalize)
         finally:
             result.release()
         return result, shorten(rows, dimensions)

@@ -10,6 +10,16 @@ The engine client always knows which child holds a request, so a child's death f
 the requests it held (503), and a client that goes away has its request dropped from
 the inference queue. Slots return to the pool only when no process can still write them.
 
+A request whose long inputs are chunked (`ModelInputs.long_inputs`) is admitted for its
+inputs, as any: how many chunks they make is known only once they are tokenized, and
+counting tokens in the event loop to admit by chunks would cost every request what only
+long ones need (an upper bound from characters would be far off, or refuse most long
+inputs). The tokenizer reports each input's chunks (`Tokenized.chunks`); the slots the
+chunks need beyond the request's are taken then, before anything is sent to run, and if
+the pool has not that many free the request is answered 429 like any other that finds the
+queue full. Each chunk is one input to the scheduler (chunks of one input may run in
+different batches); the route combines them (`Result.chunks`).
+
 A model placed on several devices keeps serving on its other replicas while one is
 restarted; `/health` says ready only when every process is (a replica short, it is 503).
 
@@ -106,6 +116,12 @@ class ModelInputs(msgspec.Struct, frozen=True):
     # The outputs asked of a hybrid model (`KindSpec.vector_types`; none: its first).
     vector_types: tuple[str, ...] = ()
     prompt: str | None = None
+    # Inputs longer than the model: "truncate", "chunk" or "error" (None: as the model says),
+    # the tokens chunks overlap by (None: the model's) and the most chunks of one input
+    # (None: the model's max_chunks_per_input; see `protocol.Tokenize`).
+    long_inputs: str | None = None
+    chunk_overlap: int | None = None
+    max_chunks: int | None = None
 
     def __len__(self) -> int:
         inputs = next(i for i in (self.texts, self.token_ids, self.media) if i is not None)
@@ -133,6 +149,7 @@ class _Pending:
     abandoned: bool = False  # the client went away (or was answered with an error)
     sent: float = 0.0  # when it was sent to an inference process (monotonic seconds)
     vector_types: list[str] = field(default_factory=list)  # the outputs it asks of a hybrid model
+    chunks: list[int] | None = None  # how many of its slots each input's chunks took (None: one each)
 
 
 @dataclass
@@ -150,6 +167,8 @@ class Result:
     # A hybrid model's outputs by type, by slot, where the request asked for several.
     by_type: dict[str, dict[int, np.ndarray]] = field(default_factory=dict)
     info: list[protocol.ImageInfo] | None = None  # what each input was as sent (images: their size and format)
+    # Where long inputs were chunked: how many consecutive rows each input's chunks are (None: one each).
+    chunks: list[int] | None = None
     _released: bool = field(default=False, repr=False)
 
     @property
@@ -177,6 +196,21 @@ class Result:
         """A hybrid model's `vector_type` outputs, in input order (those of a request that
         asked for that type alone are its `rows`)."""
         return [self.by_type[vector_type][slot] for slot in self.slots] if self.by_type else list(self.rows())
+
+    @property
+    def input_costs(self) -> list[int]:
+        """What each input cost the pass: the sum of its chunks' costs where it was chunked."""
+        if self.chunks is None:
+            return self.costs
+        return np.add.reduceat(self.costs, np.cumsum([0, *self.chunks[:-1]])).tolist()
+
+    def chunk_rows(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """Each input's chunks, in input order: (their outputs stacked, each chunk's cost),
+        one row each where the input was not chunked."""
+        rows, costs, start = np.stack(list(self.rows())), np.asarray(self.costs), 0
+        for count in self.chunks or [1] * len(self.slots):
+            yield rows[start:start + count], costs[start:start + count]
+            start += count
 
     def release(self) -> None:
         if not self._released:
@@ -276,7 +310,8 @@ class EngineClient:
         request = protocol.Tokenize(self._next_id, model.spec.name, _within(inputs.texts, limit), inputs.token_ids,
                                     _within([inputs.query], limit)[0] if inputs.query is not None else None,
                                     inputs.task, inputs.media, trace=tracing.traceparent(),
-                                    prompt=inputs.prompt_on(model.spec))
+                                    prompt=inputs.prompt_on(model.spec), long_inputs=inputs.long_inputs,
+                                    chunk_overlap=inputs.chunk_overlap, max_chunks=inputs.max_chunks)
         result = await self._submit(_Pending(self._next_id, model, slots, asyncio.get_running_loop().create_future(),
                                              tokenizer, priority, request.trace,
                                              vector_types=_vector_types(model, inputs)), request, inline)
@@ -406,6 +441,14 @@ class EngineClient:
             self._finish(pending, ServingError(protocol.ErrorKind.MODEL_NOT_READY,
                                                f"model '{model.spec.name}' is restarting; retry shortly"))
             return
+        if message.chunks is not None:
+            extra = model.pool.take(len(message.inputs.costs) - len(pending.slots), pending.priority)
+            if extra is None:
+                self._finish(pending, ServingError(protocol.ErrorKind.OVERLOADED, f"model '{model.spec.name}' has "
+                                                   "no room for this request's chunks; retry later"))
+                return
+            pending.slots += extra
+            pending.chunks = message.chunks
         pending.billed = message.inputs.billed
         pending.costs = message.inputs.costs
         pending.truncated = message.truncated
@@ -445,7 +488,7 @@ class EngineClient:
         ragged = None if message.outputs is None else _by_slot(message.outputs)
         by_type = {vector_type: _by_slot(outputs) for vector_type, outputs in message.outputs_by_type.items()}
         pending.future.set_result(Result(pending.model, replica.arena, pending.slots, pending.billed, pending.costs,
-                                         pending.truncated, ragged, by_type, pending.info))
+                                         pending.truncated, ragged, by_type, pending.info, pending.chunks))
 
     def _on_batch_ran(self, message: protocol.BatchRan) -> None:
         self.on_batch_ran(message)

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from infinity.api.long_inputs import chunk_means
 from infinity.api.media_fetch import MediaFetcher
 from infinity.client.engine_client import EngineClient, ModelInputs, ServingError
 from infinity.client.topology import ServedModel
@@ -142,10 +143,12 @@ class Encoder:
                     continue
                 raise
             try:
-                outputs = [np.array(row) for row in result.rows()]
+                # A chunked input's vector is its chunks' mean, as /v1/embeddings answers it.
+                outputs = [np.array(row) for row in (result.rows() if result.chunks is None
+                                                     else chunk_means(result, self.model.spec.normalize))]
             finally:
                 result.release()
-            return outputs, result.costs, set(result.cut)
+            return outputs, result.input_costs, set(result.cut)
         raise ServingError(ErrorKind.NOT_READY, f"model '{self.model.spec.name}' stayed unavailable")
 
     async def _ready(self) -> None:

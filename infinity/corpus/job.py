@@ -129,7 +129,7 @@ def output_type(kind: KindSpec, medium: str, wanted: str | None, dimensions: int
 
 def _model_identity(spec: ModelSpec) -> dict[str, Any]:
     return {"name": spec.name, "kind": spec.kind, "digest": folder_digest(spec.path),
-            "max_length": spec.max_length, "truncate": spec.truncate, "pooling": spec.pooling,
+            "max_length": spec.max_length, "long_inputs": spec.long_inputs, "pooling": spec.pooling,
             "normalize": spec.normalize}
 
 

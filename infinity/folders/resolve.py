@@ -75,7 +75,9 @@ def resolve_model(model: ModelConfig, cpu_bfloat16: bool = False) -> ModelSpec:
         fallback_engine="torch" if model.engine == "auto" and engine != "torch" else None,
         dtype=dtype,
         max_length=folder.max_length,
-        truncate=model.truncate,
+        long_inputs=long_inputs(model, kind),
+        chunk_overlap=model.chunk_overlap,
+        max_chunks_per_input=model.max_chunks_per_input,
         max_input_chars=model.max_input_chars or CHARS_PER_TOKEN_READ * folder.max_length,
         lowercase=bool(_json_value(transformer / "sentence_bert_config.json", "do_lower_case")),
         max_batch_tokens=model.max_batch_tokens,
@@ -84,6 +86,16 @@ def resolve_model(model: ModelConfig, cpu_bfloat16: bool = False) -> ModelSpec:
         float32_engine=float32_engine,
         **fields,
     )
+
+
+def long_inputs(model: ModelConfig, kind: str) -> str:
+    """How the model takes inputs longer than its max_length; "chunk" only where its kind
+    can combine chunks (`KindSpec.chunks_long_inputs`)."""
+    taken = model.long_inputs_taken
+    if taken == "chunk" and not KINDS[kind].chunks_long_inputs:
+        raise ConfigError(f"model '{model.name}': long_inputs = \"chunk\" is for models of one dense vector per text "
+                          f"and rerankers, not for kind '{kind}'")
+    return taken
 
 
 def _dtype(model: ModelConfig) -> str:

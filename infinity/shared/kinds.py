@@ -121,6 +121,14 @@ class KindSpec:
         encodes alone (not pairs, not through a processor that adds its own prompt)."""
         return bool({"embed", "sparse"} & set(self.capabilities)) and not (self.pairs or self.text_by_processor)
 
+    @property
+    def chunks_long_inputs(self) -> bool:
+        """An input longer than the model may be chunked: its texts each give one dense
+        vector (the chunks' vectors are averaged) or are documents paired with a query (a
+        document scores as its best chunk)."""
+        one_vector = "embed" in self.capabilities and not (self.ragged or self.vector_types or self.text_by_processor)
+        return one_vector or self.pairs
+
 
 KINDS: dict[str, KindSpec] = {kind.name: kind for kind in (
     KindSpec("embed", ("embed",), {TEXT: RawOutput.TOKEN_STATES}, "workers.heads.pooled:PooledEmbedding",

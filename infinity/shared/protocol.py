@@ -74,7 +74,9 @@ class ModelSpec(msgspec.Struct, frozen=True):
     pooling: str  # an embedder's "mean", "cls" or "lasttoken"; a sparse model's "max" or "sum" over tokens
     normalize: bool
     max_length: int
-    truncate: bool
+    # An input longer than max_length: "truncate" (cut to it), "chunk" (embedded in windows
+    # whose vectors are averaged; workers/preprocess/text.py) or "error" (refused).
+    long_inputs: str
     max_input_chars: int  # characters of one input read at most (workers/preprocess/text.py)
     lowercase: bool  # sentence-transformers' do_lower_case: lower-case text before tokenizing
     max_batch_tokens: int
@@ -103,6 +105,10 @@ class ModelSpec(msgspec.Struct, frozen=True):
     # engine to serve float32 with if the trial at load (workers/inference/precision.py) finds bfloat16
     # not close enough to float32 or not faster.
     float32_engine: str | None = None
+    # With long_inputs "chunk": tokens each window shares with the one before, and the most
+    # windows one input may take (beyond, an input to embed is refused, a document cut).
+    chunk_overlap: int = 0
+    max_chunks_per_input: int = 64
 
     def prompt_for(self, role: str | None) -> str:
         """The prompt of inputs whose request names none, encoded as `role` ("query",
@@ -187,6 +193,13 @@ class Tokenize(msgspec.Struct, tag=True, array_like=True):
     lookup: bool = False
     # With `lookup`: add the model's special tokens to texts, and keep them in decoded texts.
     special_tokens: bool = True
+    # How inputs longer than the model's maximum length are taken ("truncate", "chunk",
+    # "error"; None: as the model's `long_inputs` says), the tokens chunks overlap by (None:
+    # the model's) and the most chunks of one input (None: the model's max_chunks_per_input;
+    # a pair's document beyond it is cut, a text to embed refused).
+    long_inputs: str | None = None
+    chunk_overlap: int | None = None
+    max_chunks: int | None = None
 
 
 class TokenMasks(msgspec.Struct, array_like=True):
@@ -279,11 +292,13 @@ Inputs = TokenInputs | FeatureInputs
 
 class Tokenized(msgspec.Struct, tag=True, array_like=True):
     """The inputs of a request made ready for its model; `truncated`: the positions of
-    those cut to the model's maximum length."""
+    those cut to the model's maximum length; `chunks`: where long inputs were chunked, how
+    many of `inputs` each of the request's inputs became, in order (None: one each)."""
 
     request_id: int
     inputs: Inputs
     truncated: list[int] = []
+    chunks: list[int] | None = None
 
 
 class TextTokens(msgspec.Struct, array_like=True):

@@ -67,7 +67,7 @@ def test_the_folder_readers_know_neither_http_nor_the_engine_client(path):
 
 # What the corpus job may use of the API: nothing that serves HTTP.
 _CORPUS_API = ("infinity.api.media_fetch", "infinity.api.types", "infinity.api.errors", "infinity.api.decode",
-               "infinity.api.embedding")
+               "infinity.api.embedding", "infinity.api.long_inputs")
 
 
 @pytest.mark.parametrize("path", _modules("infinity/corpus"), ids=_name)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -86,40 +86,103 @@ class ModelTokenizer:
         self._untruncated = Tokenizer.from_str(self._tokenizer.to_str())
         # Natural text holds max_length tokens in this many characters, most of the time.
         self._first_prefix = PREFIX_CHARS_PER_TOKEN * spec.max_length
-        if spec.truncate:
-            self._tokenizer.enable_truncation(spec.max_length)
-            self._pair_tokenizer.enable_truncation(spec.max_length, strategy="only_second")
+        # Cut always: whether a long input is then kept cut, chunked or refused is the request's.
+        self._tokenizer.enable_truncation(spec.max_length)
+        self._pair_tokenizer.enable_truncation(spec.max_length, strategy="only_second")
 
     def tokenize(self, request: protocol.Tokenize) -> protocol.Tokenized | protocol.LookedUp:
         """`request`'s inputs made ready for the model: its texts (each after the request's
         prompt) or token ids; or, for a lookup, what the tokenizer makes of them."""
         if request.lookup:
             return self._look_up(request)
-        type_ids = masks = None
+        long_inputs = request.long_inputs or self._spec.long_inputs
+        type_ids = masks = chunks = None
         if request.query is not None:
             (query,), query_cut = self._readable([request.query])
             documents, cut = self._readable(request.texts or [])
             encodings = self._encode_pairs(query, documents)
+            if long_inputs == "chunk":
+                budget = self._spec.max_length - self._tokenizer.num_special_tokens_to_add(True) - self._tokens(query)
+                # Cohere's rule: a document is scored on its first max_chunks chunks.
+                chunking = _Chunking(budget, self._overlap(request), self._max_chunks(request), refuse_beyond=False)
+                encodings, truncated, chunks = self._chunked(
+                    encodings, request.texts or [], cut, chunking, lambda spans: self._encode_pairs(query, spans))
+            else:
+                truncated = self._truncated(encodings, [c or query_cut[0] for c in cut], long_inputs,
+                                            request.texts or [],
+                                            lambda document: self._tokens(query, document, special_tokens=True))
             sequences = [e.ids for e in encodings]
             if self._pair_segments:
                 type_ids = np.fromiter((t for e in encodings for t in e.type_ids), dtype=np.int8).tobytes()
-            truncated = self._truncated(encodings, [c or query_cut[0] for c in cut])
         elif request.texts is not None:
             texts, cut = self._readable(request.texts)
-            if request.prompt:  # what is read of a text holds its first max_length tokens: after a prompt too
-                texts = [self._cased(request.prompt) + text for text in texts]
+            prompt = self._cased(request.prompt)
+            # What is read of a text holds its first max_length tokens: after a prompt too.
             # `_fast`: without character offsets, which nothing here reads (15-20% less time).
-            encodings = self._tokenizer.encode_batch_fast(texts)
+            encodings = self._tokenizer.encode_batch_fast([prompt + text for text in texts])
+            if long_inputs == "chunk":
+                budget = self._spec.max_length - self._tokenizer.num_special_tokens_to_add(False) - self._tokens(prompt)
+                chunking = _Chunking(budget, self._overlap(request), self._max_chunks(request), refuse_beyond=True)
+                encodings, truncated, chunks = self._chunked(
+                    encodings, request.texts, cut, chunking,
+                    lambda spans: self._tokenizer.encode_batch_fast([prompt + span for span in spans]))
+            else:
+                truncated = self._truncated(encodings, cut, long_inputs, request.texts,
+                                            lambda text: self._tokens(prompt + text, special_tokens=True))
             sequences = [e.ids for e in encodings]
-            truncated = self._truncated(encodings, cut)
             if request.prompt and not self._spec.pools_prompt:
                 masks = _left_out(sequences, self._prompt_tokens(request.prompt))
         else:
-            sequences, truncated = self._check_token_ids(request.token_ids or [])
+            sequences, truncated, chunks = self._check_token_ids(request.token_ids or [], long_inputs, request)
         lengths = [len(s) for s in sequences]
         ids = np.fromiter((t for s in sequences for t in s), dtype="<i4", count=sum(lengths))
         return protocol.Tokenized(request.request_id, protocol.TokenInputs(ids.tobytes(), lengths, type_ids, masks),
-                                  truncated)
+                                  truncated, chunks)
+
+    def _overlap(self, request: protocol.Tokenize) -> int:
+        return self._spec.chunk_overlap if request.chunk_overlap is None else request.chunk_overlap
+
+    def _max_chunks(self, request: protocol.Tokenize) -> int:
+        return request.max_chunks or self._spec.max_chunks_per_input
+
+    def _tokens(self, text: str, pair: str | None = None, special_tokens: bool = False) -> int:
+        """How many tokens `text` (and `pair` beside it) makes, whole; with or without the
+        special tokens the model adds."""
+        return len(self._untruncated.encode(text, pair, add_special_tokens=special_tokens).ids)
+
+    def _chunked(self, encodings: list[Encoding], texts: list[str], cut: list[bool], chunking: "_Chunking",
+                 encode: Callable[[list[str]], list[Encoding]]) -> tuple[list[Encoding], list[int], list[int] | None]:
+        """(`encodings` with each input longer than the model replaced by its chunks', the
+        positions of the inputs cut, how many encodings each input became; None: one each).
+
+        A chunk is a span of the text's characters (`_windows`: `chunking.budget` tokens at
+        most, cut between words where a word fits) encoded as any input is, by `encode`: so
+        each chunk is exactly what embedding that span alone gives. Only what the tokenizer
+        reads of a text (`max_input_chars`) is chunked; the rest makes it cut."""
+        if chunking.budget < 1:  # the prompt or query leaves no room: long inputs are cut as before
+            return encodings, [i for i, (e, was_cut) in enumerate(zip(encodings, cut)) if e.overflowing or was_cut], None
+        out: list[Encoding] = []
+        counts, truncated = [], []
+        for i, (encoding, was_cut) in enumerate(zip(encodings, cut)):
+            if not (encoding.overflowing or was_cut):
+                out.append(encoding)
+                counts.append(1)
+                continue
+            read = self._cased(texts[i][:self._spec.max_input_chars])
+            whole = self._untruncated.encode(read, add_special_tokens=False)
+            windows = _windows(whole.word_ids, chunking.budget, chunking.overlap, chunking.most + 1)
+            beyond = len(windows) > chunking.most
+            if beyond and chunking.refuse_beyond:
+                raise InputError(f"input[{i}] has {len(whole.ids)} tokens, more than the {chunking.most} chunks "
+                                 f"of at most {chunking.budget} tokens (max_chunks_per_input) model "
+                                 f"'{self._spec.name}' takes of one input")
+            windows = windows[:chunking.most]
+            spans = encode([read[whole.offsets[start][0]:whole.offsets[stop - 1][1]] for start, stop in windows])
+            if beyond or len(texts[i]) > len(read) or any(span.overflowing for span in spans):
+                truncated.append(i)
+            out += spans
+            counts.append(len(spans))
+        return out, truncated, counts if len(out) > len(encodings) else None
 
     def _prompt_tokens(self, prompt: str) -> int:
         """How many tokens a prompt takes at the start of each input, as sentence-transformers
@@ -189,39 +252,57 @@ class ModelTokenizer:
         except Exception:  # the query alone does not fit: cut both sides
             return self._tokenizer.encode_batch_fast(pairs)
 
-    def _truncated(self, encodings: list[Encoding], cut: list[bool]) -> list[int]:
+    def _truncated(self, encodings: list[Encoding], cut: list[bool], long_inputs: str, texts: list[str],
+                   tokens: Callable[[str], int]) -> list[int]:
         """The positions of the inputs cut to max_length (or to what was read of them); with
-        truncation off, an input too long is an error."""
-        if self._spec.truncate:
-            return [i for i, (e, was_cut) in enumerate(zip(encodings, cut)) if e.overflowing or was_cut]
-        for i, (encoding, was_cut) in enumerate(zip(encodings, cut)):
-            if len(encoding.ids) > self._spec.max_length:
-                self._too_long(i, None if was_cut else len(encoding.ids))
-            if was_cut:
-                raise InputError(f"input[{i}] is longer than {self._spec.max_input_chars} characters, the most "
-                                 f"model '{self._spec.name}' reads of one input (truncation is off for this model)")
-        return []
+        `long_inputs` "error", the first such input of `texts` is refused, naming the
+        `tokens` of what the tokenizer reads of it."""
+        truncated = [i for i, (e, was_cut) in enumerate(zip(encodings, cut)) if e.overflowing or was_cut]
+        if long_inputs != "error" or not truncated:
+            return truncated
+        i = truncated[0]
+        limit = self._spec.max_input_chars
+        count = tokens(self._cased(texts[i][:limit]))
+        if len(texts[i]) <= limit:
+            self._too_long(i, f"{count} tokens")
+        if count > self._spec.max_length:
+            self._too_long(i, f"more than {count} tokens (those of its first {limit} characters, all that is read "
+                              "of one input)")
+        raise InputError(f"input[{i}] is longer than {limit} characters, the most model '{self._spec.name}' reads "
+                         "of one input (long inputs are refused here)")
 
-    def _check_token_ids(self, sequences: list[list[int]]) -> tuple[list[list[int]], list[int]]:
-        truncated = []
-        out = []
+    def _check_token_ids(self, sequences: list[list[int]], long_inputs: str,
+                         request: protocol.Tokenize) -> tuple[list[list[int]], list[int], list[int] | None]:
+        """(the sequences as the model takes them, the positions of those cut, how many
+        sequences each became where long ones were chunked). Token ids are taken as they
+        are: chunks are windows of max_length ids, no special token added."""
+        truncated, out, counts = [], [], []
+        most = self._max_chunks(request)
         for i, ids in enumerate(sequences):
             if any(t < 0 or t >= self._vocab_size for t in ids):
                 raise InputError(f"input[{i}] holds a token id outside the model's vocabulary "
                                  f"(0 to {self._vocab_size - 1})")
+            windows = [(0, len(ids))]
             if len(ids) > self._spec.max_length:
-                if not self._spec.truncate:
-                    self._too_long(i, len(ids))
-                ids = ids[:self._spec.max_length]
-                truncated.append(i)
-            out.append(ids)
-        return out, truncated
+                if long_inputs == "error":
+                    self._too_long(i, f"{len(ids)} tokens")
+                if long_inputs == "chunk":
+                    windows = _windows(list(range(len(ids))), self._spec.max_length, self._overlap(request), most + 1)
+                    if len(windows) > most:
+                        raise InputError(f"input[{i}] has {len(ids)} tokens, more than the {most} chunks of at most "
+                                         f"{self._spec.max_length} tokens (max_chunks_per_input) model "
+                                         f"'{self._spec.name}' takes of one input")
+                else:
+                    windows = [(0, self._spec.max_length)]
+                    truncated.append(i)
+            out += [ids[start:stop] for start, stop in windows]
+            counts.append(len(windows))
+        return out, truncated, counts if len(out) > len(sequences) else None
 
-    def _too_long(self, index: int, length: int | None) -> None:
-        """Refuse input `index` of `length` tokens (None: more than were counted)."""
-        has = f"{length} tokens, more than" if length is not None else "more tokens than"
-        raise InputError(f"input[{index}] has {has} the maximum of {self._spec.max_length} for model "
-                         f"'{self._spec.name}' (truncation is off for this model)")
+    def _too_long(self, index: int, tokens: str) -> None:
+        """Refuse input `index`, which has `tokens` ("520 tokens")."""
+        raise InputError(f"input[{index}] has {tokens}, more than the maximum of {self._spec.max_length} "
+                         f"for model '{self._spec.name}' (long inputs are refused here)")
 
 
 class TaskTokenizer:
@@ -250,6 +331,47 @@ class TaskTokenizer:
             inputs.masks = protocol.TokenMasks(attended, read.astype(np.int8).tobytes())
         answer.inputs = inputs
         return answer
+
+
+@dataclass(frozen=True, slots=True)
+class _Chunking:
+    """How a request's long inputs are chunked: windows of `budget` tokens of the text (what
+    the model's length leaves beside its special tokens and the prompt or query), sharing
+    `overlap` tokens, `most` per input; beyond, the input is refused (`refuse_beyond`) or
+    its chunks past `most` left out."""
+
+    budget: int
+    overlap: int
+    most: int
+    refuse_beyond: bool
+
+
+def _windows(words: list[int | None], budget: int, overlap: int, most: int) -> list[tuple[int, int]]:
+    """Token ranges [start, stop) over tokens that belong to `words`, each at most `budget`
+    long and starting `overlap` tokens before the one before it stops, `most` at most.
+
+    A window stops before the word its last token would cut, and starts at the first token
+    of a word, unless that word alone is longer than the room left (then it is cut): a span
+    of whole words tokenizes alone as it does in the whole text."""
+    windows: list[tuple[int, int]] = []
+    start = 0
+    while len(windows) < most:
+        stop = min(start + budget, len(words))
+        if stop < len(words):
+            stop = _word_start(words, stop, start)
+        windows.append((start, stop))
+        if stop == len(words):
+            break
+        start = _word_start(words, max(stop - overlap, start + 1), start)
+    return windows
+
+
+def _word_start(words: list[int | None], token: int, floor: int) -> int:
+    """The first token of the word `token` is in, if that is after `floor`; else `token`."""
+    first = token
+    while first > floor and words[first] is not None and words[first - 1] == words[first]:
+        first -= 1
+    return first if first > floor else token
 
 
 def _left_out(sequences: list[list[int]], prompt_tokens: int) -> protocol.TokenMasks:

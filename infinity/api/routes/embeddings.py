@@ -14,6 +14,7 @@ from infinity.api import binary, openapi
 from infinity.api.embedding import Embedder
 from infinity.api.errors import APIError
 from infinity.api.inputs import output_types, text_inputs, text_or_token_inputs
+from infinity.api.long_inputs import long_inputs_of_cohere, with_long_inputs
 from infinity.api.media_fetch import media_bytes
 from infinity.api.prompts import with_prompt
 from infinity.api.routes.common import (CONFIG, ENGINE_CLIENT, FETCHER, MODEL_ERRORS, RawAnswer, Route, kinds_serving,
@@ -99,6 +100,7 @@ async def cohere_embed(request: web.Request, body: CohereEmbedRequest) -> Cohere
         raise APIError(422, f"model '{model.spec.name}' does not embed images (it is of kind '{model.spec.kind}')",
                        param="images")
     inputs = with_prompt(model, inputs, body.prompt, body.prompt_name, body.input_type)
+    inputs = with_long_inputs(model, inputs, long_inputs_of_cohere(body.truncate, body.long_inputs), body.chunk_overlap)
     result, rows = await _embedder(request).vectors(model, inputs, body.output_dimension, "output_dimension")
     version = "2" if request.path.endswith("/v2/embed") else "1"
     by_type = version == "2" or body.embedding_types is not None or default != "float"

@@ -15,7 +15,9 @@ from aiohttp import web
 from msgspec import UNSET
 
 from infinity.api import openapi
+from infinity.api.errors import APIError
 from infinity.api.inputs import page_documents, rerank_inputs, text_or_token_inputs
+from infinity.api.long_inputs import best_chunks, with_long_inputs
 from infinity.api.media_fetch import media_bytes
 from infinity.api.routes.common import (CONFIG, ENGINE_CLIENT, FETCHER, MODEL_ERRORS, Route, kinds_serving, max_items,
                                         served_model)
@@ -32,8 +34,12 @@ CLASSIFY_KINDS = kinds_serving("classify")
 async def rerank(request: web.Request, body: RerankRequest) -> RerankResponse:
     """A cross-encoder's relevance (its activation unless raw scores are asked), or a
     multi-vector model's late-interaction score; a page-retrieval model's documents are
-    page images."""
+    page images. A cross-encoder's long documents may be chunked (`max_chunks_per_doc`)."""
     model = served_model(request, body.model, RERANK_KINDS)
+    if ((body.max_chunks_per_doc or 1) > 1 or body.chunk_overlap is not None) and not model.kind.pairs:
+        raise APIError(422, f"max_chunks_per_doc applies to cross-encoders; the {model.spec.kind} model "
+                            f"'{model.spec.name}' reads each document whole up to its length", param="max_chunks_per_doc")
+    chunk_indices = None
     if model.kind.late_interaction and model.kind.medium == "image":  # its documents are page images
         documents = page_documents(body, max_items(request))
         pages = await media_bytes(request.app[FETCHER], documents, request.app[CONFIG].media.max_image_bytes,
@@ -53,21 +59,33 @@ async def rerank(request: web.Request, body: RerankRequest) -> RerankResponse:
                                                                                  task="query"),
                                                      ModelInputs(texts=documents, task="document"))
         else:
+            inputs = _chunked_as_asked(model, inputs, body)
             result = await request.app[ENGINE_CLIENT].run(model, inputs)
             try:
-                scores = np.array([row[0] for row in result.rows()], dtype=np.float32)
+                scores, best = best_chunks(result)
             finally:
                 result.release()
+            if (inputs.long_inputs or model.spec.long_inputs) == "chunk":
+                chunk_indices = best
             if not body.raw_scores:
                 scores = activate(scores, result.activation)
             tokens = Usage.of(result)
     order = np.argsort(-scores, kind="stable")[:body.top_n or None]
     results = [RerankResult(index=int(i), relevance_score=float(scores[i]),
-                            document=RerankDocument(documents[i]) if body.return_documents else UNSET)
+                            document=RerankDocument(documents[i]) if body.return_documents else UNSET,
+                            chunk_index=UNSET if chunk_indices is None else int(chunk_indices[i]))
                for i in order]
     return RerankResponse(
         id=uuid.uuid4().hex, created=int(time.time()), results=results, model=model.spec.name, usage=tokens,
         meta=CohereMeta(ApiVersion("2"), BilledUnits(search_units=1), InputTokens(tokens.prompt_tokens)))
+
+
+def _chunked_as_asked(model: ServedModel, inputs: ModelInputs, body: RerankRequest) -> ModelInputs:
+    """A cross-encoder's pairs, long documents taken as `body` asks: `max_chunks_per_doc`
+    1 cuts them, more chunks them (none: as the model is set)."""
+    most = body.max_chunks_per_doc
+    long_inputs = None if most is None else "truncate" if most == 1 else "chunk"
+    return with_long_inputs(model, inputs, long_inputs, body.chunk_overlap, most if long_inputs == "chunk" else None)
 
 
 async def _late_interaction(request: web.Request, model: ServedModel, query: ModelInputs,

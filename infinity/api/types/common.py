@@ -48,6 +48,14 @@ class ModelRequest(Struct, kw_only=True):
                                                    "(0 without keys)")] | UnsetType = UNSET
 
 
+# How a request's inputs longer than the model are taken (infinity.api.long_inputs).
+LongInputs = Annotated[Literal["truncate", "chunk", "error"], Meta(
+    description="Inputs longer than the model: cut to its length (truncate), embedded in chunks whose vectors are "
+                "averaged, weighted by their tokens (chunk), or refused (error, 422); none: as the model is set")]
+ChunkOverlap = Annotated[int, Meta(ge=0, description="Tokens each chunk shares with the one before (none: the "
+                                                     "model's chunk_overlap)")]
+
+
 class PromptedRequest(ModelRequest, kw_only=True):
     """A body whose texts may have a prompt put before them (`infinity.api.prompts`)."""
 

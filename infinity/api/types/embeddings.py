@@ -10,8 +10,9 @@ from msgspec import UNSET, Meta, Struct, UnsetType
 from infinity.api.binary import Endianness, WireDtype
 from infinity.api.errors import APIError
 from infinity.api.inputs import output_types
-from infinity.api.types.common import (INPUT_TYPE, ApiVersion, BilledUnits, CohereMeta, ImagePart, ImageUrl,
-                                       InputTokens, InputType, PromptedRequest, TextOrTokens, TextPart, Usage)
+from infinity.api.types.common import (INPUT_TYPE, ApiVersion, BilledUnits, ChunkOverlap, CohereMeta, ImagePart,
+                                       ImageUrl, InputTokens, InputType, LongInputs, PromptedRequest, TextOrTokens,
+                                       TextPart, Usage)
 from infinity.shared.kinds import KINDS
 from infinity.shared.vectors import EmbeddingType
 
@@ -52,8 +53,9 @@ class ChatMessage(Struct):
 class EmbeddingRequest(PromptedRequest):
     """OpenAI embeddings, plus the output type: `embedding_type` (one, in each item's
     `embedding`) or `embedding_types` (several, in each item's `embeddings`), a sparse
-    model's `top_k`, the texts' prompt (`prompt_name`, `prompt`, `input_type`); or,
-    instead of `input`, vLLM's `messages` holding one text or one image."""
+    model's `top_k`, the texts' prompt (`prompt_name`, `prompt`, `input_type`), how long
+    inputs are taken (`long_inputs`, `chunk_overlap`); or, instead of `input`, vLLM's
+    `messages` holding one text or one image."""
 
     input: TextOrTokens | None = None
     messages: Annotated[list[ChatMessage], Meta(min_length=1)] | None = None
@@ -77,6 +79,8 @@ class EmbeddingRequest(PromptedRequest):
         min_length=1, description="A hybrid model's outputs to answer from one pass, each item holding each in its "
                                   "own field (dense, sparse, multivector with its shape); none: the dense vector, "
                                   "in embedding")] | None = None
+    long_inputs: LongInputs | None = None
+    chunk_overlap: ChunkOverlap | None = None
 
     def output_types(self, default: EmbeddingType) -> list[EmbeddingType]:
         """The requested types (see `output_types`); `embedding_type` stands in for the default."""
@@ -99,9 +103,9 @@ class CohereInput(Struct):
 class CohereEmbedRequest(PromptedRequest):
     """Cohere v1/v2 embed bodies: `texts`, or `images` (data: URIs) for image-text models,
     or v2's `inputs` (each one text or one image_url part). `input_type` picks the texts'
-    prompt, as on `/v1/embeddings` (`prompt_name` and `prompt` too); long inputs are cut
-    at the end (or refused) as the model's `truncate` setting says, so `truncate` may only
-    be END."""
+    prompt, as on `/v1/embeddings` (`prompt_name` and `prompt` too). Long inputs are taken
+    as the model is set, unless `truncate` says otherwise (END: cut at the end; NONE:
+    refused) or `long_inputs` does (as on `/v1/embeddings`; not both)."""
 
     texts: Annotated[list[Annotated[str, Meta(min_length=1)]], Meta(min_length=1)] | None = None
     images: Annotated[list[str], Meta(min_length=1)] | None = None
@@ -109,7 +113,9 @@ class CohereEmbedRequest(PromptedRequest):
     model: str | None = None
     input_type: Annotated[Literal[InputType, "image"], INPUT_TYPE] | None = None
     embedding_types: Annotated[list[CohereEmbeddingType], Meta(min_length=1)] | None = None
-    truncate: Literal["END"] = "END"
+    truncate: Literal["NONE", "END"] | None = None
+    long_inputs: LongInputs | None = None
+    chunk_overlap: ChunkOverlap | None = None
     output_dimension: Annotated[int, Meta(extra_json_schema={"minimum": 1})] | None = None
 
 

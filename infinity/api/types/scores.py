@@ -6,7 +6,7 @@ from typing import Annotated, Any, Literal
 
 from msgspec import UNSET, Meta, Struct, UnsetType
 
-from infinity.api.types.common import CohereMeta, ModelRequest, TextOrTokens, Usage, _TEXT
+from infinity.api.types.common import ChunkOverlap, CohereMeta, ModelRequest, TextOrTokens, Usage, _TEXT
 
 Query = Annotated[Any, Meta(description="The query each document is scored against", extra_json_schema=_TEXT)]
 
@@ -22,7 +22,9 @@ Documents = Annotated[Any, Meta(
 
 
 class RerankRequest(ModelRequest):
-    """Cohere v1/v2 and Jina rerank bodies (their other fields are accepted and ignored)."""
+    """Cohere v1/v2 and Jina rerank bodies (their other fields are accepted and ignored);
+    `max_chunks_per_doc` (Cohere v1's) and `chunk_overlap`: a cross-encoder scores a
+    document too long to fit beside the query as its best chunk (`infinity.api.long_inputs`)."""
 
     query: Query
     documents: Documents
@@ -30,6 +32,10 @@ class RerankRequest(ModelRequest):
     top_n: Annotated[int, Meta(ge=0, description="Results to return, best first; 0 for all")] | None = None
     return_documents: bool = False
     raw_scores: bool = False
+    max_chunks_per_doc: Annotated[int, Meta(ge=1, description=(
+        "A document longer than fits beside the query is split into up to this many chunks, each scored with the "
+        "query, and scores as its best (the result's chunk_index); 1: cut to fit; none: as the model is set"))] | None = None
+    chunk_overlap: ChunkOverlap | None = None
 
 
 class ClassifyRequest(ModelRequest):
@@ -46,6 +52,8 @@ class RerankResult(Struct, kw_only=True):
     index: int  # of the document in the request
     relevance_score: float
     document: RerankDocument | UnsetType = UNSET  # with `return_documents`
+    # Where documents were chunked: the chunk (from 0, in the document's order) that scored it.
+    chunk_index: int | UnsetType = UNSET
 
 
 class RerankResponse(Struct, kw_only=True):

@@ -255,7 +255,7 @@ def test_cohere_v2_without_types_is_by_type_float(server):
 @pytest.mark.parametrize("fields, param", [
     ({"texts": ["x"], "embedding_types": ["int4"]}, "embedding_types"),
     ({"texts": ["x"], "embedding_types": []}, "embedding_types"),
-    ({"texts": ["x"], "truncate": "NONE"}, "truncate"),
+    ({"texts": ["x"], "truncate": "START"}, "truncate"),
     ({"texts": []}, "texts"),
     ({"texts": ["x", ""]}, "texts"),
     ({"texts": "x"}, "texts"),

@@ -1,0 +1,79 @@
+"""Inputs longer than the model: what a request asks for them (its `long_inputs` and
+`chunk_overlap`, Cohere's `truncate`, rerank's `max_chunks_per_doc`), checked against the
+model before anything runs, and the chunks' outputs made into one answer per input.
+
+Chunking itself is the tokenizer's (`workers.preprocess.text`): it alone knows how many
+tokens an input makes. An input to embed becomes chunks of the model's length, each embedded
+as an input of its own; its vector is the token-weighted mean of theirs,
+
+    v = (sum_k n_k * v_k) / (sum_k n_k),   then v / |v| if the model normalises,
+
+where v_k is chunk k's vector and n_k its tokens (as billed: special tokens and the prompt
+included). A document too long to rerank beside its query becomes chunks each paired with
+the query; it scores as its best chunk.
+"""
+
+from __future__ import annotations
+
+import msgspec
+import numpy as np
+
+from infinity.api.errors import APIError
+from infinity.client.engine_client import ModelInputs, Result
+from infinity.client.topology import ServedModel
+
+# Cohere's `truncate` in our terms.
+COHERE_TRUNCATE = {"END": "truncate", "NONE": "error"}
+
+
+def with_long_inputs(model: ServedModel, inputs: ModelInputs, long_inputs: str | None,
+                     chunk_overlap: int | None, max_chunks: int | None = None) -> ModelInputs:
+    """`inputs` taking long inputs as the request asks (None: as the model is set): chunks
+    only where the model can combine them (`KindSpec.chunks_long_inputs`), overlapping by
+    less than the model's length, at most the model's `max_chunks_per_input` of one input."""
+    spec = model.spec
+    chunks = (long_inputs or spec.long_inputs) == "chunk"
+    if long_inputs == "chunk" and not model.kind.chunks_long_inputs:
+        raise APIError(422, f"long inputs of the {spec.kind} model '{spec.name}' cannot be chunked (chunks are "
+                            "combined for models of one dense vector per text, and rerankers); use truncate or error",
+                       param="long_inputs")
+    if chunk_overlap is not None and not chunks:
+        raise APIError(422, "chunk_overlap applies when long inputs are chunked (long_inputs \"chunk\")",
+                       param="chunk_overlap")
+    if chunk_overlap is not None and chunk_overlap >= spec.max_length // 2:
+        raise APIError(422, f"chunk_overlap must be less than half of model '{spec.name}''s {spec.max_length} tokens",
+                       param="chunk_overlap")
+    if max_chunks is not None and max_chunks > spec.max_chunks_per_input:
+        raise APIError(422, f"model '{spec.name}' takes at most {spec.max_chunks_per_input} chunks of one input",
+                       param="max_chunks_per_doc")
+    return msgspec.structs.replace(inputs, long_inputs=long_inputs, chunk_overlap=chunk_overlap, max_chunks=max_chunks)
+
+
+def long_inputs_of_cohere(truncate: str | None, long_inputs: str | None) -> str | None:
+    """What a Cohere embed body asks of long inputs: its `long_inputs`, or its `truncate`."""
+    if truncate is not None and long_inputs is not None:
+        raise APIError(422, "give truncate (Cohere's) or long_inputs, not both", param="long_inputs")
+    return long_inputs or COHERE_TRUNCATE.get(truncate or "")
+
+
+def chunk_means(result: Result, normalize: bool) -> np.ndarray:
+    """Each input's vector, (n, dim) float32: the token-weighted mean of its chunks' vectors
+    (the module's formula), re-normalised where the model normalises; the vector itself for
+    an input that was not chunked."""
+    if result.chunks is None:
+        return np.stack(list(result.rows()))
+    means = np.stack([costs @ rows / costs.sum() for rows, costs in result.chunk_rows()])
+    if normalize:
+        means /= np.maximum(np.linalg.norm(means, axis=1, keepdims=True), 1e-12)
+    return means.astype(np.float32)
+
+
+def best_chunks(result: Result) -> tuple[np.ndarray, np.ndarray]:
+    """(each document's score: its best chunk's, the index of that chunk among its own) of
+    a reranker's result; chunk 0 for a document that was not chunked."""
+    scores, best = [], []
+    for rows, _ in result.chunk_rows():
+        chunk = int(np.argmax(rows[:, 0]))
+        scores.append(rows[chunk, 0])
+        best.append(chunk)
+    return np.array(scores, dtype=np.float32), np.array(best)
