@@ -119,6 +119,17 @@ def test_past_max_chunks_per_input_is_a_422_and_the_server_serves_on(served):
     assert status == 200 and len(answer["data"]) == 2, answer
 
 
+def test_chunks_find_no_room_in_a_full_queue_and_are_answered_429(folders):
+    """Slots for the chunks are taken once the tokenizer has counted them: a queue of two
+    admits a request of one input, then has no room for its three chunks."""
+    model = ModelConfig(name="chunked", source=str(folders["embedder"]), engine="torch", max_length=MAX_LENGTH,
+                        long_inputs="chunk")
+    with serving_on_its_own_loop(ModelLauncher(), model=model, max_queued_items=2) as client:
+        status, answer = client.ask("POST", "/v1/embeddings", {"input": [LONG]})
+        assert status == 429 and "chunks" in answer["error"]["message"], answer
+        assert client.ask("POST", "/v1/embeddings", {"input": ["fits", "two"]})[0] == 200
+
+
 @pytest.mark.parametrize("path, body, param", [
     ("/v1/embeddings", {"model": "refusing", "input": ["x"], "chunk_overlap": 2}, "chunk_overlap"),  # nothing chunked
     ("/v1/embeddings", {"model": "chunked", "input": ["x"], "chunk_overlap": MAX_LENGTH // 2}, "chunk_overlap"),

@@ -122,7 +122,7 @@ class CohereEmbedRequest(PromptedRequest):
 class SparseEmbedRequest(PromptedRequest):
     """TEI's `/embed_sparse` body, plus `model` (a served sparse model; none: the only one),
     `top_k` and `prompt` (beside TEI's `prompt_name`). Long inputs are cut at the end as the
-    model's `truncate` setting says; `truncate: false` refuses them (422) even where the
+    model's `long_inputs` setting says; `truncate: false` refuses them (422) even where the
     model would cut them."""
 
     inputs: TextOrTokens
