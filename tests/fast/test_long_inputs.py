@@ -86,6 +86,11 @@ def test_a_long_input_is_the_token_weighted_mean_of_its_windows(served, referenc
     assert answer["usage"] == {"prompt_tokens": billed, "total_tokens": billed, "truncated_inputs": 0}
 
 
+def test_an_input_long_in_characters_only_is_one_chunk_of_what_is_read(served):
+    status, answer = served.ask("POST", "/v1/embeddings", {"model": "chunked", "input": [" " * 5000 + "fox"]})
+    assert status == 200 and answer["usage"]["truncated_inputs"] == 1, answer
+
+
 def test_a_request_may_chunk_what_its_model_refuses_and_cohere_too(served, reference):
     _, chunked = served.ask("POST", "/v1/embeddings", {"model": "chunked", "input": [LONG]})
     status, answer = served.ask("POST", "/v1/embeddings", {"model": "refusing", "input": [LONG],

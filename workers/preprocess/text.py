@@ -170,6 +170,11 @@ class ModelTokenizer:
                 continue
             read = self._cased(texts[i][:self._spec.max_input_chars])
             whole = self._untruncated.encode(read, add_special_tokens=False)
+            if len(whole.ids) <= chunking.budget:  # long in characters only (runs of spaces): all it reads fits
+                out.append(encoding)
+                counts.append(1)
+                truncated.append(i)
+                continue
             windows = _windows(whole.word_ids, chunking.budget, chunking.overlap, chunking.most + 1)
             beyond = len(windows) > chunking.most
             if beyond and chunking.refuse_beyond:
