@@ -86,6 +86,17 @@ def test_a_long_input_is_the_token_weighted_mean_of_its_windows(served, referenc
     assert answer["usage"] == {"prompt_tokens": billed, "total_tokens": billed, "truncated_inputs": 0}
 
 
+def test_long_token_ids_are_windows_of_max_length_ids(served):
+    ids = [5 + i % 30 for i in range(40)]
+    windows = [ids[0:16], ids[16:32], ids[32:40]]
+    status, answer = served.ask("POST", "/v1/embeddings", {"model": "chunked", "input": [ids]})
+    assert status == 200 and answer["usage"]["prompt_tokens"] == 40, answer
+    _, apart = served.ask("POST", "/v1/embeddings", {"model": "chunked", "input": windows})
+    vectors = np.array([item["embedding"] for item in apart["data"]])
+    mean = np.array([16, 16, 8]) @ vectors / 40
+    np.testing.assert_allclose(answer["data"][0]["embedding"], mean / np.linalg.norm(mean), atol=1e-6)
+
+
 def test_an_input_long_in_characters_only_is_one_chunk_of_what_is_read(served):
     status, answer = served.ask("POST", "/v1/embeddings", {"model": "chunked", "input": [" " * 5000 + "fox"]})
     assert status == 200 and answer["usage"]["truncated_inputs"] == 1, answer

@@ -101,6 +101,7 @@ class ModelTokenizer:
             (query,), query_cut = self._readable([request.query])
             documents, cut = self._readable(request.texts or [])
             encodings = self._encode_pairs(query, documents)
+            cut = [c or query_cut[0] for c in cut]
             if long_inputs == "chunk":
                 budget = self._spec.max_length - self._tokenizer.num_special_tokens_to_add(True) - self._tokens(query)
                 # Cohere's rule: a document is scored on its first max_chunks chunks.
@@ -108,8 +109,7 @@ class ModelTokenizer:
                 encodings, truncated, chunks = self._chunked(
                     encodings, request.texts or [], cut, chunking, lambda spans: self._encode_pairs(query, spans))
             else:
-                truncated = self._truncated(encodings, [c or query_cut[0] for c in cut], long_inputs,
-                                            request.texts or [],
+                truncated = self._truncated(encodings, cut, long_inputs, request.texts or [],
                                             lambda document: self._tokens(query, document, special_tokens=True))
             sequences = [e.ids for e in encodings]
             if self._pair_segments:
@@ -178,9 +178,7 @@ class ModelTokenizer:
             windows = _windows(whole.word_ids, chunking.budget, chunking.overlap, chunking.most + 1)
             beyond = len(windows) > chunking.most
             if beyond and chunking.refuse_beyond:
-                raise InputError(f"input[{i}] has {len(whole.ids)} tokens, more than the {chunking.most} chunks "
-                                 f"of at most {chunking.budget} tokens (max_chunks_per_input) model "
-                                 f"'{self._spec.name}' takes of one input")
+                self._too_many_chunks(i, len(whole.ids), chunking)
             windows = windows[:chunking.most]
             spans = encode([read[whole.offsets[start][0]:whole.offsets[stop - 1][1]] for start, stop in windows])
             if beyond or len(texts[i]) > len(read) or any(span.overflowing for span in spans):
@@ -292,17 +290,22 @@ class ModelTokenizer:
                 if long_inputs == "error":
                     self._too_long(i, f"{len(ids)} tokens")
                 if long_inputs == "chunk":
-                    windows = _windows(list(range(len(ids))), self._spec.max_length, self._overlap(request), most + 1)
+                    chunking = _Chunking(self._spec.max_length, self._overlap(request), most, refuse_beyond=True)
+                    windows = _windows(list(range(len(ids))), chunking.budget, chunking.overlap, most + 1)
                     if len(windows) > most:
-                        raise InputError(f"input[{i}] has {len(ids)} tokens, more than the {most} chunks of at most "
-                                         f"{self._spec.max_length} tokens (max_chunks_per_input) model "
-                                         f"'{self._spec.name}' takes of one input")
+                        self._too_many_chunks(i, len(ids), chunking)
                 else:
                     windows = [(0, self._spec.max_length)]
                     truncated.append(i)
             out += [ids[start:stop] for start, stop in windows]
             counts.append(len(windows))
         return out, truncated, counts if len(out) > len(sequences) else None
+
+    def _too_many_chunks(self, index: int, tokens: int, chunking: "_Chunking") -> None:
+        """Refuse input `index` of `tokens` tokens, which `chunking` cuts into more chunks than it takes."""
+        raise InputError(f"input[{index}] has {tokens} tokens, more than the {chunking.most} chunks of at most "
+                         f"{chunking.budget} tokens (max_chunks_per_input) model '{self._spec.name}' takes of one "
+                         "input")
 
     def _too_long(self, index: int, tokens: str) -> None:
         """Refuse input `index`, which has `tokens` ("520 tokens")."""
