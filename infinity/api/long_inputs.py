@@ -31,6 +31,8 @@ def with_long_inputs(model: ServedModel, inputs: ModelInputs, long_inputs: str |
     """`inputs` taking long inputs as the request asks (None: as the model is set): chunks
     only where the model can combine them (`KindSpec.chunks_long_inputs`), overlapping by
     less than the model's length, at most the model's `max_chunks_per_input` of one input."""
+    if long_inputs is None and chunk_overlap is None and max_chunks is None:  # as the model is set
+        return inputs
     spec = model.spec
     chunks = (long_inputs or spec.long_inputs) == "chunk"
     if long_inputs == "chunk" and not model.kind.chunks_long_inputs:
