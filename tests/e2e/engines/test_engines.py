@@ -18,7 +18,7 @@ from infinity.config import ConfigError, ModelConfig
 from infinity.folders.resolve import resolve_model
 from tests.support.tiny_models import FAMILIES, save_tiny_bert, save_tiny_family_model
 from workers.engines import onednn
-from workers.engines.packed_bert import token_bucket
+from workers.engines.packing import token_bucket
 from workers.heads import load_model
 
 
