@@ -47,21 +47,29 @@ def image_patches(config: dict) -> int:
 # model_type values of the encoder families CTranslate2's converter handles (and whose
 # classification heads its engine knows).
 CTRANSLATE2_FAMILIES = ("bert", "roberta", "xlm-roberta", "camembert")
+# model_type values of the families whose export ONNX Runtime's transformer optimiser, which
+# the onnx engine fuses every text graph with, cannot fuse: ModernBERT's layer norms have no
+# bias, and its skip-layer-norm fusion fails on them. (OpenVINO compiles the same export
+# unfused.)
+ONNX_UNFUSABLE_FAMILIES = ("modernbert",)
 
 
 def engine_refusal(engine: str, outputs: Mapping[str, RawOutput], config: dict,
                    reads_unattended_states: bool = False) -> str | None:
     """Why `engine` cannot give a model whose config.json is `config` the raw `outputs` its
     kind asks (`infinity.shared.kinds.KindSpec.outputs`), or None: an output it does not
-    compute (`ENGINE_OUTPUTS`); for CTranslate2, a family its converter does not handle, or
-    tokens whose states are read without being attended to (ColBERT's query expansion),
-    which it cannot compute."""
+    compute (`ENGINE_OUTPUTS`); for ONNX Runtime, a family its optimiser cannot fuse; for
+    CTranslate2, a family its converter does not handle, or tokens whose states are read
+    without being attended to (ColBERT's query expansion), which it cannot compute."""
     missing = lacking(engine, outputs)
     if missing:
         return f"the {engine} engine cannot compute {RAW_OUTPUT_MEANING[missing[0]]}"
+    family = config.get("model_type")
+    if engine == "onnx" and family in ONNX_UNFUSABLE_FAMILIES:
+        return (f"the onnx engine fuses its graphs with onnxruntime's transformer optimiser, which fails on "
+                f"{family}'s layer norms (they have no bias)")
     if engine != "ctranslate2":
         return None
-    family = config.get("model_type")
     if family not in CTRANSLATE2_FAMILIES:
         return f"the ctranslate2 engine serves the {', '.join(CTRANSLATE2_FAMILIES)} families; this model is {family}"
     # What its converter requires; transformers 5 writes no key: absolute positions.

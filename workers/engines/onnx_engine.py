@@ -22,10 +22,11 @@ from pathlib import Path
 import numpy as np
 
 from infinity.shared import devices
-from infinity.shared.folders import cache_dir
+from infinity.shared.folders import cache_dir, engine_refusal
 from infinity.shared.kinds import RawOutput, dtype_refusal
 from infinity.shared.protocol import ModelSpec
 from workers.engines.artifacts import cached_build
+from workers.engines.base import model_config
 from workers.engines.onnx_graphs import (GRAPH, VISION_GRAPH, CompiledGraph, GraphEngine, export_graphs,
                                          export_settings, quiet_logging)
 
@@ -135,7 +136,8 @@ class OnnxEngine(GraphEngine):
     express_beside_lanes = True  # a session runs as many single-threaded runs at once as are asked
 
     def __init__(self, spec: ModelSpec, threads: int, outputs: Mapping[str, RawOutput]) -> None:
-        refused = dtype_refusal(self.name, spec.dtype)
+        refused = (engine_refusal(self.name, outputs, model_config(spec), spec.reads_unattended_states)
+                   or dtype_refusal(self.name, spec.dtype))
         if refused is not None:
             raise ValueError(refused)
         if spec.dtype == "float16" and devices.is_cpu(spec.device):

@@ -1,13 +1,14 @@
 """PyTorch engine: a transformers encoder with SDPA attention (where the architecture has
-it), padding-free (`packed_bert`) for BERT-shaped encoders (BERT, RoBERTa, XLM-RoBERTa),
-with its sequence-classification or masked-language-model head where logits are asked;
+it), padding-free for BERT-shaped encoders (BERT, RoBERTa, XLM-RoBERTa: `packed_bert`) and
+ModernBERT (`packed_modernbert`), with its sequence-classification or masked-language-model
+head where logits are asked;
 optionally through `torch.compile` (`compile = true`). In bfloat16 / float16 on a CPU its
 linear layers are prepacked for oneDNN (`workers.engines.onednn`)."""
 
 from __future__ import annotations
 
 import inspect
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import numpy as np
 import torch
@@ -15,18 +16,34 @@ import torch
 from infinity.shared import devices
 from infinity.shared.kinds import TEXT, RawOutput
 from infinity.shared.protocol import ModelSpec
-from workers.engines import onednn, packed_bert
+from workers.engines import onednn, packed_bert, packed_modernbert
 from workers.engines.base import auto_class, model_output, pad_id
 from workers.engines.packed_bert import PackedBert
+from workers.engines.packed_modernbert import PackedModernBert
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-# What follows the BERT body's token states in the transformers heads whose body runs
-# padding-free: the classifier on the pooler output, the masked-language-model head on
-# every token (zero states at padding give logits there that heads mask out).
-_BERT_HEADS = {
-    "BertForSequenceClassification": lambda model, hidden: model.classifier(model.bert.pooler(hidden)),
-    "BertForMaskedLM": lambda model, hidden: model.cls(hidden),
+# A padding-free forward: (n, L) ids, mask and segments -> (n, L, hidden) token states,
+# zero at padding.
+PackedForward = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+# The transformers heads whose body runs padding-free, by class: the body's attribute, and
+# what follows its token states (given with the mask): the classifier on the pooled
+# states, the masked-language-model head on every token (zero states at padding give
+# logits there that heads mask out).
+_PACKED_HEADS = {
+    "BertForSequenceClassification": ("bert", lambda model, hidden, mask: model.classifier(model.bert.pooler(hidden))),
+    "BertForMaskedLM": ("bert", lambda model, hidden, mask: model.cls(hidden)),
+    "ModernBertForSequenceClassification": ("model", packed_modernbert.classifier_logits),
+    "ModernBertForMaskedLM": ("model", lambda model, hidden, mask: model.decoder(model.head(hidden))),
 }
+
+
+def _padding_free(body: torch.nn.Module) -> PackedForward | None:
+    """The padding-free forward of an encoder body, for the families that have one."""
+    if packed_bert.supports(body):
+        return PackedBert(body)
+    if packed_modernbert.supports(body):
+        return PackedModernBert(body)
+    return None
 
 
 class TorchEngine:
@@ -55,11 +72,12 @@ class TorchEngine:
         self._takes_token_types = "token_type_ids" in inspect.signature(
             getattr(self._model, "vlm", self._model).forward).parameters
         self.pad_id = pad_id(spec)
-        self._head = _BERT_HEADS.get(type(self._model).__name__)
-        body = self._model if output is RawOutput.TOKEN_STATES else self._model.bert if self._head else None
+        body_name, self._head = _PACKED_HEADS.get(type(self._model).__name__, (None, None))
+        body = (self._model if output is RawOutput.TOKEN_STATES
+                else getattr(self._model, body_name) if body_name else None)
         # The padding-free forward computes attended tokens only.
-        packs = body is not None and packed_bert.supports(body) and not spec.reads_unattended_states
-        self._packed = PackedBert(body) if packs else None
+        packs = body is not None and not spec.reads_unattended_states
+        self._packed = _padding_free(body) if packs else None
         if not spec.compile and onednn.uses_onednn(next(self._model.parameters())):
             onednn.prepack_all(self._model)
         if spec.compile:
@@ -75,7 +93,7 @@ class TorchEngine:
         if self._packed is None:
             return self._padded(ids, mask, types)
         hidden = self._packed(ids, mask, types)
-        return hidden if self._output is RawOutput.TOKEN_STATES else self._head(self._model, hidden)
+        return hidden if self._output is RawOutput.TOKEN_STATES else self._head(self._model, hidden, mask)
 
     @torch.inference_mode()
     def forward_media(self, arrays: Mapping[str, np.ndarray]) -> torch.Tensor:

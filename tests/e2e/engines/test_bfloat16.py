@@ -17,6 +17,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from infinity.config import ModelConfig
 from infinity.folders.resolve import resolve_model
 from infinity.shared.devices import cpu_computes_bfloat16
+from tests.support.modernbert import save_tiny_modernbert_embedder
 from tests.support.reference import MODEL_NAME
 from tests.support.tiny_models import (save_tiny_clap, save_tiny_clip, save_tiny_colpali, save_tiny_colqwen2,
                                        save_tiny_family_model, save_tiny_siglip)
@@ -30,11 +31,16 @@ needs_bfloat16 = pytest.mark.skipif(not cpu_computes_bfloat16(),
 
 
 @needs_bfloat16
-def test_bfloat16_vectors_of_the_packaged_model_meet_the_bar_against_float32():
-    spec = resolve_model(ModelConfig(name="default"), cpu_bfloat16=True)
+@pytest.mark.parametrize("family", ["packaged", "modernbert"])
+def test_bfloat16_vectors_meet_the_bar_against_float32(tmp_path, family):
+    """The packaged model (BERT) and a ModernBERT embedder, each padding-free in bfloat16."""
+    source = ({} if family == "packaged"
+              else {"source": str(save_tiny_modernbert_embedder(tmp_path / "modernbert", "mean"))})
+    spec = resolve_model(ModelConfig(name="default", **source), cpu_bfloat16=True)
     reduced = load_model(msgspec.structs.replace(spec, float32_engine=None), threads=2)
     exact = load_model(msgspec.structs.replace(spec, float32_engine=None, dtype="float32"), threads=2)
     assert (reduced.dtype, exact.dtype) == ("bfloat16", "float32")
+    assert reduced.engine._packed is not None
     (figures,) = run_trial(spec, reduced, exact, threads=2)
     assert figures.inputs == "texts"
     assert figures.mean_cosine >= MEAN_COSINE and figures.min_cosine >= MIN_COSINE, figures

@@ -1,5 +1,5 @@
-"""Engines against each other: the torch engine's padding-free BERT forward against the
-transformers module's own, and every engine on every encoder family and model kind
+"""Engines against each other: the torch engine's padding-free forward (BERT's families,
+ModernBERT) against the transformers module's own, and every engine on every encoder family and model kind
 against the torch engine (itself checked against sentence-transformers and the
 transformers pipeline in the end-to-end tests)."""
 
@@ -16,6 +16,7 @@ import torch
 
 from infinity.config import ConfigError, ModelConfig
 from infinity.folders.resolve import resolve_model
+from tests.support.modernbert import save_tiny_modernbert
 from tests.support.tiny_models import FAMILIES, save_tiny_bert, save_tiny_family_model
 from workers.engines import onednn
 from workers.engines.packing import token_bucket
@@ -27,16 +28,22 @@ from workers.heads import load_model
 _PACKED_TOLERANCE = {"float32": {"atol": 1e-5, "rtol": 1e-4}, "bfloat16": {"atol": 0.06, "rtol": 0.02}}
 
 
+def _tiny_encoder(folder: Path, family: str) -> Path:
+    """A tiny random encoder of a family the torch engine runs padding-free."""
+    builders = {"bert": save_tiny_bert, "modernbert": save_tiny_modernbert}
+    return builders[family](folder) if family in builders else save_tiny_family_model(folder, family)
+
+
 @pytest.mark.parametrize("dtype", sorted(_PACKED_TOLERANCE))
-@pytest.mark.parametrize("family", ["bert", "roberta", "xlm-roberta"])
-def test_packed_bert_equals_the_padded_module_forward(tmp_path, family, dtype):
+@pytest.mark.parametrize("family", ["bert", "roberta", "xlm-roberta", "modernbert"])
+def test_the_padding_free_pass_equals_the_padded_module_forward(tmp_path, family, dtype):
     """In bfloat16 on a CPU the packed path pads its 125 tokens to a bucket of 128 rows.
-    RoBERTa's positions count from its pad id (1), BERT's from 0."""
-    folder = (save_tiny_bert(tmp_path / "tiny") if family == "bert"
-              else save_tiny_family_model(tmp_path / "tiny", family))
+    RoBERTa's positions count from its pad id (1), BERT's from 0; ModernBERT's rotary ones
+    from 0, and its local layers attend 4 tokens each side, fewer than most inputs here."""
+    folder = _tiny_encoder(tmp_path / "tiny", family)
     engine = load_model(resolve_model(ModelConfig(name="tiny", source=str(folder), pooling="mean", engine="torch",
                                                   dtype=dtype)), threads=1).engine
-    assert engine._packed is not None  # a BERT-shaped encoder takes the padding-free path
+    assert engine._packed is not None  # the encoder takes the padding-free path
     config = json.loads((folder / "config.json").read_text())
     rng = np.random.default_rng(0)
     lengths = [3, 17, 64, 1, 40]
@@ -46,7 +53,7 @@ def test_packed_bert_equals_the_padded_module_forward(tmp_path, family, dtype):
         ids[row, :length] = rng.integers(5, config["vocab_size"], length)
         mask[row, :length] = 1
     types = np.zeros_like(ids)
-    if config["type_vocab_size"] > 1:
+    if config.get("type_vocab_size", 1) > 1:
         types[:, 2:] = mask[:, 2:]  # a second segment, as in query-document pairs
     tensors = [torch.from_numpy(a) for a in (ids, mask, types)]
     with torch.inference_mode():
@@ -174,20 +181,28 @@ def test_an_inputs_vector_does_not_depend_on_its_batch_mates(tmp_path, monkeypat
             np.testing.assert_allclose(vectors(rows), alone[rows], rtol=0, atol=1e-6)
 
 
-def _reference_varlen(q, k, v, bounds_q, bounds_k, longest_q, longest_k):
+def _reference_varlen(q, k, v, bounds_q, bounds_k, longest_q, longest_k, window_size=(-1, -1)):
     """flash-attn's variable-length attention, computed sequence by sequence with SDPA:
-    what the packed path must agree with (flash-attn itself needs a CUDA GPU)."""
+    what the packed path must agree with (flash-attn itself needs a CUDA GPU). A window
+    (left, right) other than (-1, -1) limits each query to the keys from `left` before it
+    to `right` after it."""
     assert bounds_q.dtype == torch.int32 and torch.equal(bounds_q, bounds_k) and longest_q == longest_k
     assert int((bounds_q[1:] - bounds_q[:-1]).max()) == longest_q
     out = torch.empty_like(q)
     for start, end in zip(bounds_q[:-1].tolist(), bounds_q[1:].tolist()):
         heads_first = [t[start:end].transpose(0, 1) for t in (q, k, v)]
-        out[start:end] = torch.nn.functional.scaled_dot_product_attention(*heads_first).transpose(0, 1)
+        index = torch.arange(end - start)
+        offset = index[None, :] - index[:, None]  # key minus query position
+        left, right = (side if side >= 0 else end - start for side in window_size)
+        window = (offset >= -left) & (offset <= right)
+        out[start:end] = torch.nn.functional.scaled_dot_product_attention(*heads_first, attn_mask=window).transpose(0, 1)
     return out
 
 
-def test_packed_bert_varlen_attention_path(tmp_path):
-    folder = save_tiny_bert(tmp_path / "tiny")
+@pytest.mark.parametrize("family", ["bert", "modernbert"])
+def test_the_padding_free_pass_through_varlen_attention(tmp_path, family):
+    """ModernBERT's local layers give flash-attn their window."""
+    folder = _tiny_encoder(tmp_path / "tiny", family)
     model = load_model(resolve_model(ModelConfig(name="tiny", source=str(folder), engine="torch")), threads=1)
     assert model.engine._packed.varlen is None  # flash-attn only on CUDA in half precision
     rng = np.random.default_rng(1)

@@ -1,0 +1,42 @@
+"""Which engine serves a model, from its folder's config.json alone (no weights loaded):
+ModernBERT, which CTranslate2 has no converter for and whose export ONNX Runtime's
+optimiser cannot fuse, is served by torch (padding-free) under `engine = "auto"`, and tries
+bfloat16 there as other encoders do."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from infinity.config import ConfigError, ModelConfig
+from infinity.folders.resolve import resolve_model
+
+MODERNBERT_CONFIG = {"model_type": "modernbert", "architectures": ["ModernBertModel"], "max_position_embeddings": 8192,
+                     "pad_token_id": 50283}
+
+
+@pytest.fixture
+def modernbert(tmp_path: Path) -> str:
+    (tmp_path / "config.json").write_text(json.dumps(MODERNBERT_CONFIG))
+    return str(tmp_path)
+
+
+def test_auto_serves_modernbert_on_torch(modernbert: str) -> None:
+    spec = resolve_model(ModelConfig(name="m", source=modernbert))
+    assert (spec.kind, spec.engine, spec.fallback_engine, spec.max_length) == ("embed", "torch", None, 8192)
+
+
+def test_modernbert_tries_bfloat16_against_float32_on_torch(modernbert: str) -> None:
+    spec = resolve_model(ModelConfig(name="m", source=modernbert), cpu_bfloat16=True)
+    assert (spec.engine, spec.dtype, spec.float32_engine) == ("torch", "bfloat16", "torch")
+
+
+@pytest.mark.parametrize("engine, why", [("onnx", "transformer optimiser, which fails on modernbert"),
+                                         ("ctranslate2", "this model is modernbert")])
+def test_engines_that_cannot_run_modernbert_refuse_it_naming_the_others(modernbert: str, engine: str,
+                                                                         why: str) -> None:
+    with pytest.raises(ConfigError, match=why) as refused:
+        resolve_model(ModelConfig(name="m", source=modernbert, engine=engine))
+    assert 'use engine = "torch" or' in str(refused.value) and '"openvino"' in str(refused.value)
