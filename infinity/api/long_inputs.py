@@ -9,8 +9,8 @@ as an input of its own; its vector is the token-weighted mean of theirs,
     v = (sum_k n_k * v_k) / (sum_k n_k),   then v / |v| if the model normalises,
 
 where v_k is chunk k's vector and n_k its tokens (as billed: special tokens and the prompt
-included). A document too long to rerank beside its query becomes chunks each paired with
-the query; it scores as its best chunk.
+included). A document too long to rerank becomes chunks, each paired with the query (a
+cross-encoder) or embedded (a multi-vector model, scored by MaxSim); it scores as its best.
 """
 
 from __future__ import annotations
@@ -29,13 +29,15 @@ COHERE_TRUNCATE = {"END": "truncate", "NONE": "error"}
 def with_long_inputs(model: ServedModel, inputs: ModelInputs, long_inputs: str | None,
                      chunk_overlap: int | None, max_chunks: int | None = None) -> ModelInputs:
     """`inputs` taking long inputs as the request asks (None: as the model is set): chunks
-    only where the model can combine them (`KindSpec.chunks_long_inputs`), overlapping by
-    less than the model's length, at most the model's `max_chunks_per_input` of one input."""
+    only where the model can combine them (`KindSpec.chunks_long_inputs`; documents to
+    rerank, `max_chunks` of each: `KindSpec.chunks_documents`), overlapping by less than half
+    the model's length, at most the model's `max_chunks_per_input` of one input."""
     if long_inputs is None and chunk_overlap is None and max_chunks is None:  # as the model is set
         return inputs
     spec = model.spec
     chunks = (long_inputs or spec.long_inputs) == "chunk"
-    if long_inputs == "chunk" and not model.kind.chunks_long_inputs:
+    combinable = model.kind.chunks_documents if max_chunks is not None else model.kind.chunks_long_inputs
+    if long_inputs == "chunk" and not combinable:
         raise APIError(422, f"long inputs of the {spec.kind} model '{spec.name}' cannot be chunked (chunks are "
                             "combined for models of one dense vector per text, and rerankers); use truncate or error",
                        param="long_inputs")
@@ -70,12 +72,12 @@ def chunk_means(result: Result, normalize: bool) -> np.ndarray:
     return means.astype(np.float32)
 
 
-def best_chunks(result: Result) -> tuple[np.ndarray, np.ndarray]:
-    """(each document's score: its best chunk's, the index of that chunk among its own) of
-    a reranker's result; chunk 0 for a document that was not chunked."""
-    scores, best = [], []
-    for rows, _ in result.chunk_rows():
-        chunk = int(np.argmax(rows[:, 0]))
-        scores.append(rows[chunk, 0])
-        best.append(chunk)
-    return np.array(scores, dtype=np.float32), np.array(best)
+def best_chunks(scores: np.ndarray, chunks: list[int] | None) -> tuple[np.ndarray, np.ndarray]:
+    """(each document's score: its best chunk's, the index of that chunk among its own)
+    from each chunk's `scores`, `chunks` (`Result.chunks`) a document; chunk 0 for a
+    document that was not chunked."""
+    if chunks is None:
+        return scores, np.zeros(len(scores), dtype=np.int64)
+    starts = np.cumsum([0, *chunks[:-1]])
+    best = np.array([int(np.argmax(scores[start:start + count])) for start, count in zip(starts, chunks)])
+    return scores[starts + best], best

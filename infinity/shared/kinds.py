@@ -129,6 +129,12 @@ class KindSpec:
         one_vector = "embed" in self.capabilities and not (self.ragged or self.vector_types or self.text_by_processor)
         return one_vector or self.pairs
 
+    @property
+    def chunks_documents(self) -> bool:
+        """A document too long to rerank may be scored as its best chunk: a cross-encoder's
+        (each chunk paired with the query) or a multi-vector model's text (each chunk's MaxSim)."""
+        return self.pairs or (self.late_interaction and self.medium is None and not self.text_by_processor)
+
 
 KINDS: dict[str, KindSpec] = {kind.name: kind for kind in (
     KindSpec("embed", ("embed",), {TEXT: RawOutput.TOKEN_STATES}, "workers.heads.pooled:PooledEmbedding",

@@ -195,8 +195,9 @@ class Tokenize(msgspec.Struct, tag=True, array_like=True):
     special_tokens: bool = True
     # How inputs longer than the model's maximum length are taken ("truncate", "chunk",
     # "error"; None: as the model's `long_inputs` says), the tokens chunks overlap by (None:
-    # the model's) and the most chunks of one input (None: the model's max_chunks_per_input;
-    # a pair's document beyond it is cut, a text to embed refused).
+    # the model's) and the most chunks of a document to rerank, beyond which it is cut (None:
+    # the model's max_chunks_per_input, beyond which a text to embed is refused and a pair's
+    # document cut).
     long_inputs: str | None = None
     chunk_overlap: int | None = None
     max_chunks: int | None = None

@@ -15,7 +15,7 @@ import pytest
 
 from infinity.config import ModelConfig
 from tests.fast.inprocess import LoopedClient, ModelLauncher, serving_on_its_own_loop
-from tests.support.tiny_models import WORDS, save_tiny_cross_encoder, save_tiny_prompted_encoder
+from tests.support.tiny_models import WORDS, save_tiny_cross_encoder, save_tiny_multivector, save_tiny_prompted_encoder
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -31,7 +31,8 @@ QUERY = "the quick fox"
 def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("long")
     return {"embedder": save_tiny_prompted_encoder(root / "embedder", {"query": "query: "}, seed=5),
-            "reranker": save_tiny_cross_encoder(root / "reranker", seed=6)}
+            "reranker": save_tiny_cross_encoder(root / "reranker", seed=6),
+            "multivector": save_tiny_multivector(root / "multivector", seed=7)}
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +42,9 @@ def served(folders: dict[str, Path]) -> Iterator[LoopedClient]:
             ModelConfig(name="chunked", long_inputs="chunk", max_chunks_per_input=MAX_CHUNKS, **embedder),
             ModelConfig(name="refusing", long_inputs="error", **embedder),
             ModelConfig(name="reranker", source=str(folders["reranker"]), engine="torch",
-                        max_length=RERANK_MAX_LENGTH)]) as client:
+                        max_length=RERANK_MAX_LENGTH),
+            ModelConfig(name="multivector", source=str(folders["multivector"]), engine="torch",
+                        max_length=MAX_LENGTH)]) as client:
         yield client
 
 
@@ -182,6 +185,21 @@ def test_a_long_document_scores_as_its_best_chunk_as_cross_encoder_predicts(serv
     assert first_two["usage"]["truncated_inputs"] == 1
     _, plain = served.ask("POST", "/v1/rerank", {"model": "reranker", "query": QUERY, "documents": documents})
     assert "chunk_index" not in plain["results"][0]
+
+
+def test_a_multi_vector_models_long_document_scores_as_its_best_chunks_maxsim(served, folders):
+    from sentence_transformers import MultiVectorEncoder
+
+    encoder = MultiVectorEncoder(str(folders["multivector"]), device="cpu")
+    status, answer = served.ask("POST", "/v1/rerank", {"model": "multivector", "query": QUERY, "documents": [LONG],
+                                                       "max_chunks_per_doc": 8})
+    assert status == 200, answer
+    chunks = _windows(LONG.split(), MAX_LENGTH - 2, 0)
+    (query,) = (rows.float().numpy() for rows in encoder.encode_query([QUERY]))
+    scores = [float((query @ rows.float().numpy().T).max(axis=1).sum()) for rows in encoder.encode_document(chunks)]
+    (result,) = answer["results"]
+    assert result["chunk_index"] == int(np.argmax(scores))
+    assert result["relevance_score"] == pytest.approx(max(scores), abs=1e-4)
 
 
 def test_the_openapi_document_has_the_long_input_fields(served):

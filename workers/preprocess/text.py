@@ -122,7 +122,9 @@ class ModelTokenizer:
             encodings = self._tokenizer.encode_batch_fast([prompt + text for text in texts])
             if long_inputs == "chunk":
                 budget = self._spec.max_length - self._tokenizer.num_special_tokens_to_add(False) - self._tokens(prompt)
-                chunking = _Chunking(budget, self._overlap(request), self._max_chunks(request), refuse_beyond=True)
+                # A text to embed is refused beyond the model's cap; a document (its cap the request's), cut.
+                chunking = _Chunking(budget, self._overlap(request), self._max_chunks(request),
+                                     refuse_beyond=request.max_chunks is None)
                 encodings, truncated, chunks = self._chunked(
                     encodings, request.texts, cut, chunking,
                     lambda spans: self._tokenizer.encode_batch_fast([prompt + span for span in spans]))

@@ -34,42 +34,46 @@ CLASSIFY_KINDS = kinds_serving("classify")
 async def rerank(request: web.Request, body: RerankRequest) -> RerankResponse:
     """A cross-encoder's relevance (its activation unless raw scores are asked), or a
     multi-vector model's late-interaction score; a page-retrieval model's documents are
-    page images. A cross-encoder's long documents may be chunked (`max_chunks_per_doc`)."""
+    page images. Long documents of a cross-encoder or of a multi-vector model of texts may
+    be chunked (`max_chunks_per_doc`): each scores as its best chunk."""
     model = served_model(request, body.model, RERANK_KINDS)
-    if ((body.max_chunks_per_doc or 1) > 1 or body.chunk_overlap is not None) and not model.kind.pairs:
-        raise APIError(422, f"max_chunks_per_doc applies to cross-encoders; the {model.spec.kind} model "
-                            f"'{model.spec.name}' reads each document whole up to its length", param="max_chunks_per_doc")
-    chunk_indices = None
+    if ((body.max_chunks_per_doc or 1) > 1 or body.chunk_overlap is not None) and not model.kind.chunks_documents:
+        raise APIError(422, f"max_chunks_per_doc applies to cross-encoders and multi-vector models of texts; the "
+                            f"{model.spec.kind} model '{model.spec.name}' reads each document whole up to its length",
+                       param="max_chunks_per_doc")
+    chunked: ModelInputs | None = None  # the documents as sent to be chunked as asked, where they may be
+    chunks = None  # how many chunks each document made, where some made several
     if model.kind.late_interaction and model.kind.medium == "image":  # its documents are page images
         documents = page_documents(body, max_items(request))
         pages = await media_bytes(request.app[FETCHER], documents, request.app[CONFIG].media.max_image_bytes,
                                   max_items(request))
-        scores, tokens = await _late_interaction(request, model, ModelInputs(texts=[body.query]),
-                                                 ModelInputs(media=pages))
+        scores, _, tokens = await _late_interaction(request, model, ModelInputs(texts=[body.query]),
+                                                    ModelInputs(media=pages))
     else:
         inputs = rerank_inputs(body, max_items(request))
         documents = inputs.texts or []
         if model.kind.vector_types:
             every_type = model.kind.vector_types
-            scores, tokens = await _scored(request, model, ModelInputs(texts=[inputs.query or ""],
-                                                                       vector_types=every_type),
-                                           ModelInputs(texts=documents, vector_types=every_type), hybrid_scores)
+            scores, _, tokens = await _scored(request, model, ModelInputs(texts=[inputs.query or ""],
+                                                                          vector_types=every_type),
+                                              ModelInputs(texts=documents, vector_types=every_type), hybrid_scores)
         elif model.kind.late_interaction:
-            scores, tokens = await _late_interaction(request, model, ModelInputs(texts=[inputs.query or ""],
-                                                                                 task="query"),
-                                                     ModelInputs(texts=documents, task="document"))
+            chunked = _chunked_as_asked(model, ModelInputs(texts=documents, task="document"), body)
+            scores, chunks, tokens = await _late_interaction(request, model, ModelInputs(texts=[inputs.query or ""],
+                                                                                         task="query"), chunked)
         else:
-            inputs = _chunked_as_asked(model, inputs, body)
-            result = await request.app[ENGINE_CLIENT].run(model, inputs)
+            chunked = _chunked_as_asked(model, inputs, body)
+            result = await request.app[ENGINE_CLIENT].run(model, chunked)
             try:
-                scores, best = best_chunks(result)
+                scores = np.array([row[0] for row in result.rows()], dtype=np.float32)
             finally:
                 result.release()
-            if (inputs.long_inputs or model.spec.long_inputs) == "chunk":
-                chunk_indices = best
+            chunks = result.chunks
             if not body.raw_scores:
                 scores = activate(scores, result.activation)
             tokens = Usage.of(result)
+    scores, best = best_chunks(scores, chunks)
+    chunk_indices = best if chunked is not None and (chunked.long_inputs or model.spec.long_inputs) == "chunk" else None
     order = np.argsort(-scores, kind="stable")[:body.top_n or None]
     results = [RerankResult(index=int(i), relevance_score=float(scores[i]),
                             document=RerankDocument(documents[i]) if body.return_documents else UNSET,
@@ -81,7 +85,7 @@ async def rerank(request: web.Request, body: RerankRequest) -> RerankResponse:
 
 
 def _chunked_as_asked(model: ServedModel, inputs: ModelInputs, body: RerankRequest) -> ModelInputs:
-    """A cross-encoder's pairs, long documents taken as `body` asks: `max_chunks_per_doc`
+    """Documents to rerank (`inputs`), long ones taken as `body` asks: `max_chunks_per_doc`
     1 cuts them, more chunks them (none: as the model is set)."""
     most = body.max_chunks_per_doc
     long_inputs = None if most is None else "truncate" if most == 1 else "chunk"
@@ -89,8 +93,9 @@ def _chunked_as_asked(model: ServedModel, inputs: ModelInputs, body: RerankReque
 
 
 async def _late_interaction(request: web.Request, model: ServedModel, query: ModelInputs,
-                            documents: ModelInputs) -> tuple[np.ndarray, Usage]:
-    """Each document's MaxSim against the query, as the model scores (`maxsim_scores`)."""
+                            documents: ModelInputs) -> tuple[np.ndarray, list[int] | None, Usage]:
+    """Each document's (or chunk's: `_scored`) MaxSim against the query, as the model scores
+    (`maxsim_scores`)."""
     def score(query_result: Result, document_result: Result) -> np.ndarray:
         (query_rows,) = query_result.rows()
         return maxsim_scores(model.spec.similarity, query_rows, document_result.rows())
@@ -99,9 +104,10 @@ async def _late_interaction(request: web.Request, model: ServedModel, query: Mod
 
 
 async def _scored(request: web.Request, model: ServedModel, query: ModelInputs, documents: ModelInputs,
-                  score: Callable[[Result, Result], np.ndarray]) -> tuple[np.ndarray, Usage]:
+                  score: Callable[[Result, Result], np.ndarray]) -> tuple[np.ndarray, list[int] | None, Usage]:
     """Run the query and the documents at once; each document's score, `score(query's
-    result, documents' result)`, and the tokens both cost."""
+    result, documents' result)` (each chunk's, where they were chunked), how many chunks
+    each document made (`Result.chunks`), and the tokens both cost."""
     client = request.app[ENGINE_CLIENT]
     results = await asyncio.gather(client.run(model, query), client.run(model, documents),
                                    return_exceptions=True)
@@ -116,7 +122,7 @@ async def _scored(request: web.Request, model: ServedModel, query: ModelInputs, 
             if isinstance(outcome, Result):
                 outcome.release()
     tokens = query_result.prompt_tokens + document_result.prompt_tokens
-    return scores, Usage(tokens, tokens, query_result.truncated + document_result.truncated)
+    return scores, document_result.chunks, Usage(tokens, tokens, query_result.truncated + document_result.truncated)
 
 
 def maxsim_scores(similarity: str, query: np.ndarray, documents: Iterable[np.ndarray]) -> np.ndarray:

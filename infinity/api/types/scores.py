@@ -23,8 +23,9 @@ Documents = Annotated[Any, Meta(
 
 class RerankRequest(ModelRequest):
     """Cohere v1/v2 and Jina rerank bodies (their other fields are accepted and ignored);
-    `max_chunks_per_doc` (Cohere v1's) and `chunk_overlap`: a cross-encoder scores a
-    document too long to fit beside the query as its best chunk (`infinity.api.long_inputs`)."""
+    `max_chunks_per_doc` (Cohere v1's) and `chunk_overlap`: a cross-encoder or a multi-vector
+    model of texts scores a document too long for it as its best chunk
+    (`infinity.api.long_inputs`)."""
 
     query: Query
     documents: Documents
