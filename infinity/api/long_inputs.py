@@ -19,7 +19,7 @@ import msgspec
 import numpy as np
 
 from infinity.api.errors import APIError
-from infinity.client.engine_client import ModelInputs, Result
+from infinity.client.engine_client import ModelInputs, Result, chunk_starts
 from infinity.client.topology import ServedModel
 
 # Cohere's `truncate` in our terms.
@@ -64,9 +64,11 @@ def chunk_means(result: Result, normalize: bool) -> np.ndarray:
     """Each input's vector, (n, dim) float32: the token-weighted mean of its chunks' vectors
     (the module's formula), re-normalised where the model normalises; the vector itself for
     an input that was not chunked."""
+    rows = np.stack(list(result.rows()))
     if result.chunks is None:
-        return np.stack(list(result.rows()))
-    means = np.stack([costs @ rows / costs.sum() for rows, costs in result.chunk_rows()])
+        return rows
+    starts, weights = chunk_starts(result.chunks), np.asarray(result.costs, dtype=np.float64)[:, None]
+    means = np.add.reduceat(rows * weights, starts) / np.add.reduceat(weights, starts)
     if normalize:
         means /= np.maximum(np.linalg.norm(means, axis=1, keepdims=True), 1e-12)
     return means.astype(np.float32)
@@ -78,6 +80,6 @@ def best_chunks(scores: np.ndarray, chunks: list[int] | None) -> tuple[np.ndarra
     document that was not chunked."""
     if chunks is None:
         return scores, np.zeros(len(scores), dtype=np.int64)
-    starts = np.cumsum([0, *chunks[:-1]])
+    starts = chunk_starts(chunks)
     best = np.array([int(np.argmax(scores[start:start + count])) for start, count in zip(starts, chunks)])
     return scores[starts + best], best

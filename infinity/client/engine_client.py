@@ -202,15 +202,7 @@ class Result:
         """What each input cost the pass: the sum of its chunks' costs where it was chunked."""
         if self.chunks is None:
             return self.costs
-        return np.add.reduceat(self.costs, np.cumsum([0, *self.chunks[:-1]])).tolist()
-
-    def chunk_rows(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        """Each input's chunks, in input order: (their outputs stacked, each chunk's cost),
-        one row each where the input was not chunked."""
-        rows, costs, start = np.stack(list(self.rows())), np.asarray(self.costs), 0
-        for count in self.chunks or [1] * len(self.slots):
-            yield rows[start:start + count], costs[start:start + count]
-            start += count
+        return np.add.reduceat(self.costs, chunk_starts(self.chunks)).tolist()
 
     def release(self) -> None:
         if not self._released:
@@ -572,6 +564,11 @@ class EngineClient:
     def _reap_all(self) -> None:
         for child in self.children:
             child.reap(_STOP_TIMEOUT_S)
+
+
+def chunk_starts(chunks: list[int]) -> np.ndarray:
+    """Where each input's chunks start among a request's outputs, given how many each made."""
+    return np.cumsum([0, *chunks[:-1]])
 
 
 def _tokenized_here(inputs: ModelInputs, idle: bool) -> bool:
