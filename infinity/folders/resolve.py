@@ -45,8 +45,8 @@ def resolve_model(model: ModelConfig, cpu_bfloat16: bool = False) -> ModelSpec:
     device: its kind (detected by the folder readers unless configured), and what its
     kind's reader finds in it. With `cpu_bfloat16` (CPUs that compute bfloat16 natively,
     and the server allows it), `dtype = "auto"` on CPUs makes a model of a kind with the
-    bfloat16 trial try bfloat16 on torch at load, with float32 on the engine `engine`
-    would pick as its alternative."""
+    bfloat16 trial try bfloat16 at load (on `_bfloat16_engine`), with float32 on the engine
+    `engine` would pick as its alternative."""
     root = _model_folder(model)
     modules = _sentence_transformers_modules(root)
     transformer = root / modules.get("Transformer", "")
@@ -62,10 +62,10 @@ def resolve_model(model: ModelConfig, cpu_bfloat16: bool = False) -> ModelSpec:
     if model.normalize is not None:
         fields["normalize"] = model.normalize
     tasks = fields.get("tasks", {})
-    engine = _engine(model, kind, config, any(task.adds_unattended_tokens for task in tasks.values()))
+    engine = _engine(model, kind, config, _reads_unattended_states(tasks))
     dtype, float32_engine = _dtype(model), None
     if cpu_bfloat16 and _tries_bfloat16(model, kind):
-        float32_engine, engine, dtype = engine, "torch", "bfloat16"
+        float32_engine, engine, dtype = engine, _bfloat16_engine(model, kind, config, tasks), "bfloat16"
     return ModelSpec(
         name=model.name,
         kind=kind,
@@ -108,10 +108,35 @@ def _dtype(model: ModelConfig) -> str:
 
 
 def _tries_bfloat16(model: ModelConfig, kind: str) -> bool:
-    """Whether `dtype = "auto"` may choose bfloat16 for `model`: on CPUs only, on the torch
-    engine (the only one computing bfloat16 there), for kinds with the bfloat16 trial."""
-    return (model.dtype == "auto" and model.engine in ("auto", "torch") and not model.compile
+    """Whether `dtype = "auto"` may choose bfloat16 for `model`: on CPUs only, on the engines
+    computing bfloat16 there (torch and OpenVINO; `auto` picks one, `_bfloat16_engine`), for
+    kinds with the bfloat16 trial."""
+    return (model.dtype == "auto" and model.engine in ("auto", "torch", "openvino") and not model.compile
             and KINDS[kind].bfloat16_trial and all(devices.is_cpu(d) for d in model.devices))
+
+
+def _bfloat16_engine(model: ModelConfig, kind: str, config: dict, tasks: dict) -> str:
+    """The engine `model` tries bfloat16 on: the one named, or for `engine = "auto"` and a
+    model of texts, OpenVINO where its extra is installed and it can serve the model, else
+    torch. OpenVINO's bfloat16 passes were the faster in batches and for a lone input on
+    every text encoder measured (bench/results/engines.md#openvino-bfloat16-against-torch-bfloat16);
+    towers of images and audio stay on torch, unmeasured. If OpenVINO cannot load the
+    model, the inference process falls back to torch's."""
+    if model.engine != "auto":
+        return model.engine
+    if KINDS[kind].medium is not None or not _installed("openvino"):
+        return "torch"
+    refused = engine_refusal("openvino", KINDS[kind].outputs, config, _reads_unattended_states(tasks))
+    return "torch" if refused is not None else "openvino"
+
+
+def _reads_unattended_states(tasks: dict) -> bool:
+    return any(task.adds_unattended_tokens for task in tasks.values())
+
+
+def _installed(engine: str) -> bool:
+    """Whether the modules `engine` needs are installed (its extra)."""
+    return all(importlib.util.find_spec(module) for module in _EXTRA_MODULES[engine])
 
 
 def _engine(model: ModelConfig, kind: str, config: dict, reads_unattended_states: bool) -> str:
@@ -136,13 +161,14 @@ def _engine(model: ModelConfig, kind: str, config: dict, reads_unattended_states
     if model.compile or not on_cpus or model.dtype not in ("auto", "float32", "int8"):
         return "torch"
     for engine in ("ctranslate2", "onnx"):
-        if refusal(engine) is None and all(importlib.util.find_spec(module) for module in _EXTRA_MODULES[engine]):
+        if refusal(engine) is None and _installed(engine):
             return engine
     return "torch"
 
 
-# What `engine = "auto"` needs installed to pick an engine (ONNX Runtime's export needs onnxscript too).
-_EXTRA_MODULES = {"ctranslate2": ("ctranslate2",), "onnx": ("onnxruntime", "onnxscript")}
+# What `engine = "auto"` needs installed to pick an engine (the ONNX export needs onnxscript too).
+_EXTRA_MODULES = {"ctranslate2": ("ctranslate2",), "onnx": ("onnxruntime", "onnxscript"),
+                  "openvino": ("openvino", "onnxscript")}
 
 
 def _model_folder(model: ModelConfig) -> Path:

@@ -34,7 +34,7 @@ EXPECTED = {
     "cpu": {
         "base": r"python:3\.11\.\d+-slim-bookworm",
         "torch_index": "https://download.pytorch.org/whl/cpu",
-        "extras": {"ctranslate2", "onnx", "images", "audio", "otel"},
+        "extras": {"ctranslate2", "onnx", "openvino", "images", "audio", "otel"},
     },
     "cuda": {
         "base": r"nvidia/cuda:13\.0\.\d+-runtime-ubuntu\d\d\.\d\d",  # torch 2.13.0 on PyPI: CUDA 13.0

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from infinity.config import ModelConfig, load_config
+from infinity.folders import resolve
 from infinity.folders.resolve import resolve_model
 from infinity.shared.devices import cpu_computes_bfloat16, cpu_identity
 import workers.inference.precision
@@ -48,10 +49,22 @@ def test_a_two_tower_model_keeps_bfloat16_only_if_both_kinds_of_input_pass():
     assert not keep and why.startswith("texts: it is not faster")
 
 
-def test_on_a_cpu_computing_bfloat16_an_auto_embedder_tries_it_against_its_float32_engine():
+@pytest.mark.parametrize("openvino_installed, engine, fallback", [(True, "openvino", "torch"), (False, "torch", None)],
+                         ids=["openvino", "without-openvino"])
+def test_on_a_cpu_computing_bfloat16_an_auto_embedder_tries_it_against_its_float32_engine(
+        monkeypatch, openvino_installed, engine, fallback):
+    installed = resolve._installed
+    monkeypatch.setattr(resolve, "_installed", lambda name: (openvino_installed if name == "openvino"
+                                                              else installed(name)))
     spec = resolve_model(ModelConfig(name="m"), cpu_bfloat16=True)
-    assert (spec.engine, spec.dtype, spec.fallback_engine) == ("torch", "bfloat16", None)
+    assert (spec.engine, spec.dtype, spec.fallback_engine) == (engine, "bfloat16", fallback)
     assert spec.float32_engine == resolve_model(ModelConfig(name="m")).engine
+
+
+def test_a_named_bfloat16_engine_tries_it_against_its_own_float32():
+    spec = resolve_model(ModelConfig(name="m", engine="openvino"), cpu_bfloat16=True)
+    assert (spec.engine, spec.dtype, spec.float32_engine, spec.fallback_engine) == (
+        "openvino", "bfloat16", "openvino", None)
 
 
 @pytest.mark.parametrize("model", [

@@ -1,6 +1,7 @@
 """The bfloat16 trial at load: where `dtype = "auto"` chose bfloat16 on a CPU that computes
-it natively (`ModelSpec.float32_engine` is set), the model is loaded in bfloat16 on torch
-and in float32 on the engine `auto` would otherwise pick, both run the same built-in
+it natively (`ModelSpec.float32_engine` is set), the model is loaded in bfloat16 (on
+OpenVINO where `auto` chose it, falling back to torch, or on the engine named) and in
+float32 on the engine `auto` would otherwise pick, both run the same built-in
 inputs (64 corpus texts; for a model that sees or hears, also 8 random images, clips'
 features or pages with their prompts), and
 bfloat16 is kept only if, on each kind of input, its vectors stay within a cosine bar of
@@ -124,7 +125,7 @@ def load_by_trial(spec: ModelSpec, threads: int, load: Callable[[ModelSpec, int]
     float32_spec = msgspec.structs.replace(
         spec, engine=spec.float32_engine, dtype="float32", float32_engine=None,
         fallback_engine="torch" if spec.float32_engine != "torch" else None)
-    bfloat16_spec = msgspec.structs.replace(spec, float32_engine=None, fallback_engine=None)
+    bfloat16_spec = msgspec.structs.replace(spec, float32_engine=None)
     record = trial_record(spec, threads)
     kept = _read_figures(record)
     if kept is None:

@@ -6,6 +6,7 @@ step in bfloat16 (dtypes, not speed)."""
 
 from __future__ import annotations
 
+import importlib.util
 import re
 
 import msgspec
@@ -33,10 +34,11 @@ needs_bfloat16 = pytest.mark.skipif(not cpu_computes_bfloat16(),
 @needs_bfloat16
 @pytest.mark.parametrize("family", ["packaged", "modernbert"])
 def test_bfloat16_vectors_meet_the_bar_against_float32(tmp_path, family):
-    """The packaged model (BERT) and a ModernBERT embedder, each padding-free in bfloat16."""
+    """The packaged model (BERT) and a ModernBERT embedder, each padding-free in bfloat16 on
+    torch (OpenVINO's bfloat16: tests/e2e/engines/test_converted_engines.py)."""
     source = ({} if family == "packaged"
               else {"source": str(save_tiny_modernbert_embedder(tmp_path / "modernbert", "mean"))})
-    spec = resolve_model(ModelConfig(name="default", **source), cpu_bfloat16=True)
+    spec = resolve_model(ModelConfig(name="default", engine="torch", **source), cpu_bfloat16=True)
     reduced = load_model(msgspec.structs.replace(spec, float32_engine=None), threads=2)
     exact = load_model(msgspec.structs.replace(spec, float32_engine=None, dtype="float32"), threads=2)
     assert (reduced.dtype, exact.dtype) == ("bfloat16", "float32")
@@ -112,7 +114,8 @@ def test_a_server_that_may_choose_bfloat16_reports_what_its_trial_chose(start_se
     chosen = re.search(rf"'{MODEL_NAME}' serves (\w+): ", chooser.log_text())
     assert chosen is not None, "the trial's decision is not logged"
     assert card["dtype"] == chosen[1] and card["replicas"][0]["dtype"] == chosen[1]
-    assert card["backend"] == ("torch" if chosen[1] == "bfloat16" else "ctranslate2")
+    bfloat16_engine = "openvino" if importlib.util.find_spec("openvino") else "torch"
+    assert card["backend"] == (bfloat16_engine if chosen[1] == "bfloat16" else "ctranslate2")
     texts = ["a short query", "a longer passage about rivers, bridges and the cities built beside them " * 3]
     ours, exact = (np.array([row["embedding"] for row in s.embed(texts).json()["data"]]) for s in (chooser, server))
     assert ((ours * exact).sum(axis=1) >= MIN_COSINE).all()
