@@ -14,12 +14,13 @@ import numpy as np
 from infinity.api.binary import encode_rows
 from infinity.api.errors import APIError
 from infinity.api.inputs import text_or_token_inputs
+from infinity.api.late_chunking import character_spans, refuse_unless_late_chunkable, span_vectors
 from infinity.api.long_inputs import chunk_means, with_long_inputs
 from infinity.api.media_fetch import MediaFetcher, media_bytes
 from infinity.api.prompts import with_prompt
 from infinity.api.types.common import TextPart, ImagePart, Usage
 from infinity.api.types.embeddings import (AudioUrlPart, EmbeddingData, EmbeddingRequest, EmbeddingResponse,
-                                           SparseEmbedding)
+                                           SparseEmbedding, SpanEmbedding)
 from infinity.client.engine_client import EngineClient, ModelInputs, Result
 from infinity.client.topology import ServedModel
 from infinity.config import Config
@@ -43,7 +44,10 @@ class Embedder:
             raise APIError(422, "encoding_format \"bytes\" is an HTTP answer of its own; here, use \"float\" or "
                                 "\"base64\"", param="encoding_format")
         body = with_input(body)
+        refuse_unless_late_chunkable(model, body)
         inputs = await self._inputs(model, body)
+        if body.late_chunking:
+            return await self._late_chunks(model, inputs, body)
         if body.outputs is not None:
             return await self._hybrid(model, inputs, body)
         if model.kind.sparse:
@@ -71,6 +75,9 @@ class Embedder:
         if body.outputs is not None:
             raise APIError(422, "a binary answer holds the dense vectors; leave outputs out", param="outputs")
         _refuse_top_k(model, body)
+        if body.late_chunking:
+            raise APIError(422, "a binary answer holds a vector per input; late chunking answers in JSON",
+                           param="encoding_format")
         if body.embedding_types is not None or (body.embedding_type or "float") != "float":
             raise APIError(422, "a binary answer holds float values (as embed_dtype); leave embedding_type(s) out",
                            param="embedding_type")
@@ -119,6 +126,24 @@ class Embedder:
         finally:
             result.release()
         return result, _within_top_k(model, vectors, top_k)
+
+    async def _late_chunks(self, model: ServedModel, inputs: ModelInputs, body: EmbeddingRequest) -> EmbeddingResponse:
+        """Each text's span vectors from one pass over it (`infinity.api.late_chunking`), in
+        each item's `spans`, as `embedding_type` and `dimensions` ask."""
+        _refuse_top_k(model, body)
+        _check_dimensions(model, body.dimensions or None, "dimensions")
+        if inputs.texts is None:
+            raise APIError(422, "late chunking finds spans by characters: give texts, not token ids", param="input")
+        (embedding_type,) = body.output_types(self.config.server.embedding_type)
+        answers, billed = await span_vectors(self.client, model, inputs, character_spans(body, inputs.texts))
+        data = []
+        for index, answer in enumerate(answers):
+            encoded = encode(shorten(answer.vectors, body.dimensions or None), embedding_type,
+                             body.encoding_format == "base64")
+            data.append(EmbeddingData(index=index, spans=[
+                SpanEmbedding(start=start, end=end, token_start=token_start, token_end=token_end, embedding=vector)
+                for (start, end), (token_start, token_end), vector in zip(answer.characters, answer.tokens, encoded)]))
+        return EmbeddingResponse(data=data, model=model.spec.name, usage=Usage(billed, billed, 0))
 
     async def _multivector(self, model: ServedModel, inputs: ModelInputs, body: EmbeddingRequest,
                            types: list[EmbeddingType]) -> EmbeddingResponse:

@@ -113,7 +113,8 @@ class ModelInputs(msgspec.Struct, frozen=True):
     query: str | None = None
     task: str | None = None
     media: list[bytes] | None = None  # fetched bytes or data: URIs (see `protocol.Tokenize.media`)
-    # The outputs asked of a hybrid model (`KindSpec.vector_types`; none: its first).
+    # The outputs asked of a hybrid model (`KindSpec.vector_types`; none: its first), or
+    # `protocol.TOKEN_STATES` of a model of one vector per input (in `Result.ragged`).
     vector_types: tuple[str, ...] = ()
     prompt: str | None = None
     # Inputs longer than the model: "truncate", "chunk" or "error" (None: as the model says),
@@ -585,8 +586,12 @@ def _tokenized_here(inputs: ModelInputs, idle: bool) -> bool:
 
 def _vector_types(model: ServedModel, inputs: ModelInputs) -> list[str]:
     """The outputs a request asks of `model`: for a hybrid model, those `inputs` name, else
-    its first (a dense vector, as routes that know no types answer); nothing for other kinds."""
-    return list(inputs.vector_types or model.kind.vector_types[:1]) if model.kind.vector_types else []
+    its first (a dense vector, as routes that know no types answer); for other kinds, the
+    token states where `inputs` name them (`protocol.TOKEN_STATES`), else nothing (a type
+    that names their one output, as "sparse" of a sparse model, asks nothing more)."""
+    if model.kind.vector_types:
+        return list(inputs.vector_types or model.kind.vector_types[:1])
+    return [protocol.TOKEN_STATES] if protocol.TOKEN_STATES in inputs.vector_types else []
 
 
 def _within(texts: list[str] | None, limit: int) -> list[str] | None:

@@ -333,8 +333,14 @@ class Infer(msgspec.Struct, tag=True, array_like=True):
     inputs: Inputs
     priority: int = 0
     trace: str | None = None  # as `Tokenize.trace`
-    # The outputs a hybrid model computes for it (`KindSpec.vector_types`); empty for other kinds.
+    # The outputs a hybrid model computes for it (`KindSpec.vector_types`); for a model of one
+    # vector per input, [TOKEN_STATES] asks for its token states instead; empty otherwise.
     vector_types: list[str] = []
+
+
+# The output a pooling model gives instead of its vectors where an `Infer` asks for it: each
+# input's last hidden states, (tokens, hidden) float32, a row per attended token (late chunking).
+TOKEN_STATES = "token_states"
 
 
 class Cancel(msgspec.Struct, tag=True, array_like=True):

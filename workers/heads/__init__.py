@@ -11,10 +11,11 @@ import numpy as np
 import torch
 
 from infinity.shared.kinds import KINDS
-from infinity.shared.protocol import ModelSpec
+from infinity.shared.protocol import TOKEN_STATES, ModelSpec
 from workers.engines import load_engine
 from workers.engines.base import Engine, model_config
 from workers.heads.base import Head
+from workers.heads.multivector import read_rows
 
 
 def load_head(spec: ModelSpec) -> Head:
@@ -38,15 +39,23 @@ class LoadedModel:
     def forward(self, input_ids: np.ndarray, attention_mask: np.ndarray, token_type_ids: np.ndarray,
                 wide: bool = False, read_mask: np.ndarray | None = None, express: bool = False,
                 vector_types: list[tuple[str, ...]] | None = None,
-                ) -> np.ndarray | list[np.ndarray] | list[dict[str, np.ndarray]]:
+                ) -> (np.ndarray | list[np.ndarray] | list[dict[str, np.ndarray]]
+                      | list[np.ndarray | dict[str, np.ndarray]]):
         """(n, longest) int64 ids, mask and token segments -> the head's output;
         `read_mask`: the tokens whose states the head reads, if not the attended ones;
         `wide`, `express`: the engine's pass to run it on; `vector_types`: the outputs each
-        input wants of a head that computes several (None: all of them, as a warm-up runs)."""
+        input wants of a head that computes several (None: all of them, as a warm-up runs),
+        or, of a head of one output, `TOKEN_STATES` where an input wants its token states
+        (every attended token's) instead of the head's output: a dict of them for that input."""
         raw = self.engine.forward(input_ids, attention_mask, token_type_ids, wide=wide, express=express)
         mask = torch.from_numpy(attention_mask if read_mask is None else read_mask).to(raw.device)
         if not self.vector_types:
-            return self.head(raw, mask)
+            outputs = self.head(raw, mask)
+            if not any(TOKEN_STATES in types for types in vector_types or []):
+                return outputs
+            states = read_rows(raw.float(), torch.from_numpy(attention_mask).to(raw.device))
+            return [{TOKEN_STATES: states[row]} if TOKEN_STATES in types else outputs[row]
+                    for row, types in enumerate(vector_types or [])]
         return self.head(raw, mask, input_ids, vector_types or [self.vector_types] * len(input_ids))
 
     @torch.inference_mode()

@@ -189,6 +189,12 @@ def _run(batch: Batch, queue: _Queue, scheduler: Scheduler, channel: ChannelToFr
         if queue.ragged:
             for item, output in zip(batch.items, vectors):
                 item.request.outputs[item.slot] = output
+        elif isinstance(vectors, list):  # token states asked of a model of one vector per input
+            for item, output in zip(batch.items, vectors):
+                if isinstance(output, dict):
+                    item.request.outputs[item.slot] = output
+                else:
+                    queue.arena.rows[item.slot] = output
         else:
             queue.arena.rows[[item.slot for item in batch.items]] = vectors
         finished = scheduler.finish(batch)

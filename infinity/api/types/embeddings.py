@@ -54,7 +54,8 @@ class EmbeddingRequest(PromptedRequest):
     """OpenAI embeddings, plus the output type: `embedding_type` (one, in each item's
     `embedding`) or `embedding_types` (several, in each item's `embeddings`), a sparse
     model's `top_k`, the texts' prompt (`prompt_name`, `prompt`, `input_type`), how long
-    inputs are taken (`long_inputs`, `chunk_overlap`); or, instead of `input`, vLLM's
+    inputs are taken (`long_inputs`, `chunk_overlap`), a vector per span of each text
+    (`late_chunking` with `spans` or `split`); or, instead of `input`, vLLM's
     `messages` holding one text or one image."""
 
     input: TextOrTokens | None = None
@@ -81,6 +82,14 @@ class EmbeddingRequest(PromptedRequest):
                                   "in embedding")] | None = None
     long_inputs: LongInputs | None = None
     chunk_overlap: ChunkOverlap | None = None
+    late_chunking: Annotated[bool, Meta(
+        description="One pass over each whole text, then one vector per span of it (spans or split), the mean of the "
+                    "token states its characters cover, in each item's spans (see the README)")] | None = None
+    spans: Annotated[list[list[CharacterSpan]], Meta(
+        description="With late_chunking: per input, its spans as [start, end) character ranges")] | None = None
+    split: Annotated[Literal["sentences"], Meta(
+        description="With late_chunking: each input's spans are its sentences (ended by . ! or ? before whitespace, "
+                    "or by a newline)")] | None = None
 
     def output_types(self, default: EmbeddingType) -> list[EmbeddingType]:
         """The requested types (see `output_types`); `embedding_type` stands in for the default."""
@@ -147,6 +156,22 @@ class SparseEmbedding(Struct):
 Embedding = list[float | list[float]] | str | SparseEmbedding
 
 
+# A span of a text with late chunking: [start, end) characters.
+CharacterSpan = tuple[Annotated[int, Meta(ge=0)], Annotated[int, Meta(ge=0)]]
+
+
+class SpanEmbedding(Struct, kw_only=True):
+    """A span's vector with late chunking: its characters [start, end) in the input, its
+    tokens [token_start, token_end) among those of the pass (special and prompt tokens
+    counted, as /tokenize counts them)."""
+
+    start: int
+    end: int
+    token_start: int
+    token_end: int
+    embedding: Embedding
+
+
 class EmbeddingData(Struct, kw_only=True):
     object: Literal["embedding"] = "embedding"
     index: int
@@ -157,6 +182,7 @@ class EmbeddingData(Struct, kw_only=True):
     dense: Embedding | UnsetType = UNSET
     sparse: SparseEmbedding | UnsetType = UNSET
     multivector: Embedding | UnsetType = UNSET
+    spans: list[SpanEmbedding] | UnsetType = UNSET  # with `late_chunking`: a vector per span, no `embedding`
 
 
 class EmbeddingResponse(Struct, kw_only=True):
