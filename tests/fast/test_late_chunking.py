@@ -137,3 +137,25 @@ def test_the_openapi_document_has_the_late_chunking_fields(served):
     assert {"late_chunking", "spans", "split"} <= set(schemas["EmbeddingRequest"]["properties"])
     assert "spans" in schemas["EmbeddingData"]["properties"]
     assert {"start", "end", "token_start", "token_end", "embedding"} <= set(schemas["SpanEmbedding"]["properties"])
+
+
+def test_a_batch_gives_token_states_to_the_inputs_that_ask_and_vectors_to_the_others():
+    import torch
+
+    from infinity.shared.protocol import TOKEN_STATES
+    from workers.heads import LoadedModel
+
+    states = torch.arange(2 * 3 * 4, dtype=torch.float32).reshape(2, 3, 4)
+    mask = np.array([[1, 1, 1], [1, 1, 0]])
+
+    class Engine:
+        def forward(self, *arrays: np.ndarray, wide: bool, express: bool) -> torch.Tensor:
+            return states
+
+    def head(raw: torch.Tensor, read: torch.Tensor) -> np.ndarray:
+        return raw.sum(dim=1).numpy()
+
+    vector, token_states = LoadedModel(Engine(), head, "float32").forward(  # type: ignore[arg-type]
+        np.zeros((2, 3), np.int64), mask, np.zeros((2, 3), np.int64), vector_types=[(), (TOKEN_STATES,)])
+    np.testing.assert_array_equal(vector, states[0].sum(dim=0).numpy())
+    np.testing.assert_array_equal(token_states[TOKEN_STATES], states[1, :2].numpy())
