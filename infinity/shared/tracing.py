@@ -21,6 +21,7 @@ With tracing off, `tracer()` is None and each hook is that one check.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import time
@@ -116,9 +117,14 @@ def traceparent() -> str | None:
 
 def parent_context(headers: Mapping[str, str]) -> Any:
     """The context a request's W3C trace headers (`traceparent`, `tracestate`) give its span."""
+    return _propagator().extract(headers)
+
+
+@functools.cache
+def _propagator() -> Any:
     from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-    return TraceContextTextMapPropagator().extract(headers)
+    return TraceContextTextMapPropagator()
 
 
 @contextlib.contextmanager

@@ -130,6 +130,22 @@ def test_a_model_whose_trial_fails_is_served_in_float32(cache):
     assert not trial_record(spec, 1).exists()  # the next start tries again
 
 
+def test_the_bfloat16_model_is_loaded_with_its_fallback_to_torch(cache, monkeypatch):
+    # OpenVINO chosen by auto: if it cannot load the model, torch's bfloat16 is tried in its place.
+    spec = msgspec.structs.replace(resolve_model(ModelConfig(name="m"), cpu_bfloat16=True),
+                                   engine="openvino", fallback_engine="torch")
+    monkeypatch.setattr(workers.inference.precision, "run_trial",
+                        lambda *args: [TrialFigures(**CLOSE, **FASTER)])
+    asked = []
+
+    def load(spec_asked, threads):  # noqa: ANN001, ANN202
+        asked.append((spec_asked.engine, spec_asked.dtype, spec_asked.fallback_engine))
+        return SimpleNamespace(dtype=spec_asked.dtype)
+
+    assert load_by_trial(spec, 1, load).dtype == "bfloat16"
+    assert asked == [(spec.float32_engine, "float32", "torch"), ("openvino", "bfloat16", "torch")]
+
+
 @pytest.mark.parametrize("figures, chosen", [(FASTER, "bfloat16"), ({**FASTER, "bfloat16_per_s": 100.0}, "float32")])
 def test_a_later_start_serves_what_the_first_ones_trial_chose_without_trying_again(cache, monkeypatch,
                                                                                     figures, chosen):
