@@ -167,7 +167,7 @@ def _parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     parser.add_argument("--loads", default=DEFAULT_LOADS, help="BATCHxCONCURRENCY list")
-    parser.add_argument("--engine", default="auto", choices=["auto", "torch", "onnx", "ctranslate2"],
+    parser.add_argument("--engine", default="auto", choices=["auto", "torch", "onnx", "ctranslate2", "openvino"],
                         help="our server's engine")
     parser.add_argument("--duration", type=float, default=30.0, help="measured seconds per load")
     parser.add_argument("--warmup", type=float, default=5.0, help="discarded seconds per load")
