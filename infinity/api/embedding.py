@@ -100,6 +100,8 @@ class Embedder:
             raise APIError(422, f"model '{model.spec.name}' does not embed {body.modality} inputs (it is of kind "
                                 f"'{model.spec.kind}')", param="modality")
         inputs = with_prompt(model, inputs, body.prompt, body.prompt_name, body.input_type)
+        if body.late_chunking:  # its chunk_overlap is its windows' (`infinity.api.late_chunking`)
+            return inputs
         return with_long_inputs(model, inputs, body.long_inputs, body.chunk_overlap)
 
     async def vectors(self, model: ServedModel, inputs: ModelInputs, dimensions: int | None,
@@ -128,14 +130,15 @@ class Embedder:
         return result, _within_top_k(model, vectors, top_k)
 
     async def _late_chunks(self, model: ServedModel, inputs: ModelInputs, body: EmbeddingRequest) -> EmbeddingResponse:
-        """Each text's span vectors from one pass over it (`infinity.api.late_chunking`), in
+        """Each text's span vectors from one reading of it (`infinity.api.late_chunking`), in
         each item's `spans`, as `embedding_type` and `dimensions` ask."""
         _refuse_top_k(model, body)
         _check_dimensions(model, body.dimensions or None, "dimensions")
         if inputs.texts is None:
             raise APIError(422, "late chunking finds spans by characters: give texts, not token ids", param="input")
         (embedding_type,) = body.output_types(self.config.server.embedding_type)
-        answers, billed = await span_vectors(self.client, model, inputs, character_spans(body, inputs.texts))
+        answers, billed = await span_vectors(self.client, model, inputs, character_spans(body, inputs.texts),
+                                           body.chunk_overlap)
         data = []
         for index, answer in enumerate(answers):
             encoded = encode(shorten(answer.vectors, body.dimensions or None), embedding_type,

@@ -1,30 +1,59 @@
-"""Late chunking (`late_chunking: true` on `/v1/embeddings`): one pass of the model over a
-whole text, then one vector per span of it, pooled from the token states its characters
-cover, instead of one pass per chunk.
+"""Late chunking (`late_chunking: true` on `/v1/embeddings`): one reading of a whole text,
+then one vector per span of it, pooled from the token states its characters cover,
+instead of one pass per chunk.
 
 Spans are character ranges `[start, end)` into each input as sent (the prompt not counted),
 given per input (`spans`) or found by `split: "sentences"` (`sentence_spans`). A span's
 tokens are the text's tokens whose characters overlap it (special tokens and a prompt's
-tokens are in the pass, giving context, but in no span); its vector is their states' mean,
+tokens are read, giving context, but in no span); its vector is their states' mean,
 L2-normalised where the model normalises. Only models of kind "embed" that mean-pool their
-token states take it, and only inputs that fit the model in one pass (longer ones: 422).
+token states take it.
+
+Each text is tokenized once, whole, with offsets (a lookup); the model is then given those
+token ids (`ModelInputs.token_ids`), never the text again, so a window's tokens are the
+whole text's tokens and their offsets map back to its characters. (The pass cannot hand
+back offsets itself: `Tokenized` carries ids only, and adding offsets to it would make
+every request's tokenizer work cost what only late chunking needs.)
+
+A text that fits the model (`max_length` tokens, special and prompt tokens counted) is one
+window: its whole token sequence. A longer one is read in macro-windows (`TextReading`):
+each holds the leading special and prompt tokens ("head"), `size = max_length - head -
+tail` consecutive tokens of the text, and the trailing special tokens ("tail"); window k
+starts `k * (size - overlap)` text tokens in, the last one moved back to end at the text's
+last token (so every window is full). `overlap` is the request's `chunk_overlap`, else a
+quarter of `size`: with the rule below, each token is read with at least `overlap / 2`
+tokens of context on a cut side (an eighth of the window), for 4/3 of the cost of
+disjoint windows. At most the model's `max_chunks_per_input` windows per text (beyond:
+422 naming the count); each window is one input to the model (a slot, `usage` counts its
+tokens), which answers its token states.
+
+Each text token's state is taken from the window where it is furthest from a cut (the
+window centre rule, `state_sources`): its context in window [a, b) is min(tokens of the
+window before it, tokens after it), a side that reaches the text's first or last token
+counting as unbounded (nothing was cut there); the window of most context wins, the
+earlier one on a tie. For two consecutive windows this splits their overlap in its middle,
+the first half read from the earlier one. Head and tail tokens are in no span; their
+states are the first window's and the last window's.
 """
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
-import msgspec
 import numpy as np
 
 from infinity.api.errors import APIError
 from infinity.api.types.embeddings import EmbeddingRequest
 from infinity.client.engine_client import EngineClient, ModelInputs
 from infinity.client.topology import ServedModel
-from infinity.shared.protocol import TOKEN_STATES, TextTokens
+from infinity.shared.protocol import TOKEN_STATES, ModelSpec, TextTokens
 
 # Where one sentence ends and the next begins: whitespace after ".", "!" or "?", or a newline.
 SENTENCE_BREAK = re.compile(r"(?<=[.!?])\s+|\s*\n\s*")
+
+# A long text's windows share a quarter of their text tokens unless the request says otherwise.
+DEFAULT_OVERLAP_SHARE = 4
 
 
 class SpanVectors:
@@ -70,9 +99,10 @@ def refuse_unless_late_chunkable(model: ServedModel, body: EmbeddingRequest) -> 
     if (body.spans is None) == (body.split is None):
         raise APIError(422, "late chunking takes spans (character ranges per input) or split, one of them",
                        param="spans")
-    for param in ("long_inputs", "chunk_overlap", "outputs", "embedding_types"):
+    for param in ("long_inputs", "outputs", "embedding_types"):
         if getattr(body, param) is not None:
-            raise APIError(422, f"late chunking answers one vector per span, in one pass; leave {param} out",
+            raise APIError(422, f"late chunking answers one vector per span, reading long texts in windows; leave "
+                                f"{param} out",
                            param=param)
 
 
@@ -96,9 +126,10 @@ def character_spans(body: EmbeddingRequest, texts: list[str]) -> list[list[tuple
 
 
 async def span_vectors(client: EngineClient, model: ServedModel, inputs: ModelInputs,
-                       spans: list[list[tuple[int, int]]]) -> tuple[list[SpanVectors], int]:
-    """Each text's span vectors from one pass over it (the module's rule), and the tokens
-    billed; a text the model cannot read in one pass is a 422."""
+                       spans: list[list[tuple[int, int]]], overlap: int | None) -> tuple[list[SpanVectors], int]:
+    """Each text's span vectors, read in windows of the model's length sharing `overlap`
+    tokens (None: a quarter of a window), and the tokens billed (every window's); the
+    module's rules."""
     spec = model.spec
     texts = inputs.texts or []
     longer = next((i for i, text in enumerate(texts) if len(text) > spec.max_input_chars), None)
@@ -106,24 +137,121 @@ async def span_vectors(client: EngineClient, model: ServedModel, inputs: ModelIn
         raise APIError(422, f"input[{longer}] is longer than the {spec.max_input_chars} characters model "
                             f"'{spec.name}' reads of one input", param="input")
     looked_up = await client.look_up(model, inputs, True)
-    tokens = looked_up.tokens or []
-    for i, each in enumerate(tokens):
-        if len(each.ids) > spec.max_length:
-            raise APIError(422, f"input[{i}] is {len(each.ids)} tokens, more than the {spec.max_length} of model "
-                                f"'{spec.name}': late chunking reads an input in one pass", param="input")
-    result = await client.run(model, msgspec.structs.replace(inputs, vector_types=(TOKEN_STATES,)))
+    prompt_length = len(inputs.prompt_on(spec))
+    readings = [TextReading.of(tokens, prompt_length, spec, overlap, i)
+                for i, tokens in enumerate(looked_up.tokens or [])]
+    windows = [ids for reading in readings for ids in reading.window_ids()]
+    result = await client.run(model, ModelInputs(token_ids=windows, vector_types=(TOKEN_STATES,)))
     try:
-        states = [np.array(rows, dtype=np.float32) for rows in result.rows()]
+        window_states = [np.array(rows, dtype=np.float32) for rows in result.rows()]
     finally:
         result.release()
-    prompt_length = len(inputs.prompt_on(spec))
-    answers = []
-    for i, (text_tokens, text_states, text_spans) in enumerate(zip(tokens, states, spans, strict=True)):
-        if len(text_states) != len(text_tokens.ids):
-            raise RuntimeError(f"the pass gave {len(text_states)} token states of input {i}, its tokenizer "
-                               f"{len(text_tokens.ids)} tokens")
-        answers.append(_pooled(text_tokens, text_states, text_spans, prompt_length, spec.normalize, i))
+    answers, first = [], 0
+    for i, (reading, text_spans) in enumerate(zip(readings, spans, strict=True)):
+        states = reading.token_states(window_states[first:first + len(reading.windows)])
+        first += len(reading.windows)
+        answers.append(_pooled(reading.tokens, states, text_spans, prompt_length, spec.normalize, i))
     return answers, result.prompt_tokens
+
+
+@dataclass(frozen=True)
+class TextReading:
+    """How one text's whole tokenization is read (the module's rules): `head` tokens (the
+    special and prompt tokens before the text) and `tail` tokens (the special tokens after
+    it) in every window, and between them the `windows`, [start, stop) indices into
+    `tokens`."""
+
+    tokens: TextTokens
+    head: int
+    tail: int
+    windows: list[tuple[int, int]]
+
+    @classmethod
+    def of(cls, tokens: TextTokens, prompt_length: int, spec: ModelSpec, overlap: int | None,
+           index: int) -> TextReading:
+        """The reading of input `index`, `tokens` (its prompt `prompt_length` characters);
+        a 422 where it needs more windows than the model takes, or `overlap` is too large."""
+        count = len(tokens.ids)
+        head = 0
+        while head < count and (tokens.special[head] or tokens.offsets[head][0] < prompt_length):
+            head += 1
+        tail = 0
+        while tail < count - head and tokens.special[count - 1 - tail]:
+            tail += 1
+        if count <= spec.max_length:
+            return cls(tokens, head, tail, [(head, count - tail)])
+        size = spec.max_length - head - tail
+        if size < 1:
+            raise APIError(422, f"the prompt and special tokens of input[{index}] fill the {spec.max_length} tokens "
+                                f"of a window of model '{spec.name}'", param="input")
+        overlap = size // DEFAULT_OVERLAP_SHARE if overlap is None else overlap
+        if 2 * overlap >= size:
+            raise APIError(422, f"chunk_overlap must be less than half of the {size} text tokens a window of model "
+                                f"'{spec.name}' holds beside its special and prompt tokens", param="chunk_overlap")
+        text_tokens = count - head - tail
+        needed = 1 - (size - text_tokens) // (size - overlap)  # 1 + ceil((text_tokens - size) / stride)
+        if needed > spec.max_chunks_per_input:
+            raise APIError(422, f"input[{index}] is {count} tokens: late chunking reads it in {needed} windows of "
+                                f"{spec.max_length} tokens, more than the {spec.max_chunks_per_input} "
+                                f"(max_chunks_per_input) model '{spec.name}' takes of one input", param="input")
+        return cls(tokens, head, tail, [(head + start, head + stop)
+                                        for start, stop in macro_windows(text_tokens, size, overlap)])
+
+    def window_ids(self) -> list[list[int]]:
+        """Each window's token ids: the head's, its own, the tail's."""
+        ids = self.tokens.ids
+        head, tail = ids[:self.head], ids[len(ids) - self.tail:]
+        return [head + ids[start:stop] + tail for start, stop in self.windows]
+
+    def token_states(self, window_states: list[np.ndarray]) -> np.ndarray:
+        """Every token's state, a row per token of `tokens`, from each window's states (a
+        row per token of its `window_ids`): a text token's from the window `state_sources`
+        picks, the head's from the first window, the tail's from the last."""
+        count, head, tail = len(self.tokens.ids), self.head, self.tail
+        for (start, stop), states in zip(self.windows, window_states, strict=True):
+            if len(states) != head + stop - start + tail:
+                raise RuntimeError(f"the pass gave {len(states)} token states of a window of "
+                                   f"{head + stop - start + tail} tokens")
+        rows = np.empty((count, window_states[0].shape[1]), dtype=np.float32)
+        rows[:head] = window_states[0][:head]
+        rows[count - tail:] = window_states[-1][len(window_states[-1]) - tail:]
+        sources = state_sources(self.windows, head, count - tail)
+        for window, ((start, _), states) in enumerate(zip(self.windows, window_states)):
+            taken = np.flatnonzero(sources == window) + head
+            rows[taken] = states[head + taken - start]
+        return rows
+
+
+def macro_windows(tokens: int, size: int, overlap: int) -> list[tuple[int, int]]:
+    """[start, stop) ranges over `tokens` tokens: one if they fit `size`, else windows of
+    `size` starting every `size - overlap` tokens, the last moved back to end at the last."""
+    windows, start = [], 0
+    while True:
+        start = max(min(start, tokens - size), 0)
+        windows.append((start, min(start + size, tokens)))
+        if start + size >= tokens:
+            return windows
+        start += size - overlap
+
+
+def state_sources(windows: list[tuple[int, int]], first: int, last: int) -> np.ndarray:
+    """For each token of [`first`, `last`), covered by `windows` in order, the index of the
+    window its state is taken from: where it has the most context on its nearer cut side
+    (the module's window centre rule), the earlier window on a tie."""
+    positions = np.arange(first, last)
+    sources = np.full(last - first, -1)
+    best = np.full(last - first, -1.0)
+    for window, (start, stop) in enumerate(windows):
+        inside = slice(start - first, stop - first)
+        context = np.full(stop - start, np.inf)
+        if start > first:
+            context = np.minimum(context, positions[inside] - start)
+        if stop < last:
+            context = np.minimum(context, stop - 1 - positions[inside])
+        better = context > best[inside]
+        sources[inside][better] = window
+        best[inside][better] = context[better]
+    return sources
 
 
 def _pooled(tokens: TextTokens, states: np.ndarray, spans: list[tuple[int, int]], prompt_length: int,

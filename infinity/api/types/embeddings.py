@@ -83,8 +83,9 @@ class EmbeddingRequest(PromptedRequest):
     long_inputs: LongInputs | None = None
     chunk_overlap: ChunkOverlap | None = None
     late_chunking: Annotated[bool, Meta(
-        description="One pass over each whole text, then one vector per span of it (spans or split), the mean of the "
-                    "token states its characters cover, in each item's spans (see the README)")] | None = None
+        description="Each text read whole (where longer than the model, in windows sharing chunk_overlap tokens; none: "
+                    "a quarter of a window), then one vector per span of it (spans or split), the mean of the token "
+                    "states its characters cover, in each item's spans (see the README)")] | None = None
     spans: Annotated[list[list[CharacterSpan]], Meta(
         description="With late_chunking: per input, its spans as [start, end) character ranges")] | None = None
     split: Annotated[Literal["sentences"], Meta(
