@@ -3,7 +3,7 @@ reads: a WordPiece tokenizer trained on the fly, a small BERT encoder and its ot
 families (XLM-RoBERTa, MPNet), BERT sequence classifiers (a one-label cross-encoder and a
 three-label text classifier) with the scoring server's models.toml, multi-vector (ColBERT)
 and sparse (SPLADE) encoders, and the two-tower and page-retrieval models (CLIP, SigLIP,
-CLAP, ColPali, ColQwen2)."""
+CLAP, ColPali, ColQwen2), and decoder embedders (Qwen3-Embedding, gte-Qwen2)."""
 
 from __future__ import annotations
 
@@ -508,27 +508,40 @@ QWEN3_TINY_PROMPTS = {"query": "Instruct: Given a tiny query, find its passages\
 
 
 def save_tiny_qwen3_embedder(folder: Path, seed: int = 0) -> Path:
-    """Qwen3-Embedding's layout at a tiny size: a 2-layer Qwen3 decoder (hidden 32), its
-    byte-level BPE ending each text with <|endoftext|>, last-token pooling, normalised, and
-    an instruction as its `query` prompt (`QWEN3_TINY_PROMPTS`), saved by
-    sentence-transformers."""
+    """Qwen3-Embedding's layout at a tiny size (`save_tiny_decoder_embedder`)."""
+    return save_tiny_decoder_embedder(folder, "qwen3", seed)
+
+
+def save_tiny_decoder_embedder(folder: Path, family: str, seed: int = 0) -> Path:
+    """A decoder embedder's layout at a tiny size, Qwen3-Embedding's (`family` "qwen3") or
+    gte-Qwen2's ("qwen2": with biases on its query, key and value projections, drawn at
+    random here, where transformers starts them at zero): a 2-layer decoder (hidden 32,
+    4 query heads sharing 2 key-value heads), its byte-level BPE ending each text with
+    <|endoftext|>, last-token pooling, normalised, and an instruction as its `query`
+    prompt (`QWEN3_TINY_PROMPTS`), saved by sentence-transformers."""
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.base.modules import Normalize, Transformer
     from sentence_transformers.sentence_transformer.modules import Pooling
-    from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3Model
+    from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2Model, Qwen3Config, Qwen3Model
 
-    decoder = folder.with_name(folder.name + "-qwen3")
+    config_class, model_class = {"qwen2": (Qwen2Config, Qwen2Model), "qwen3": (Qwen3Config, Qwen3Model)}[family]
+    decoder = folder.with_name(folder.name + f"-{family}")
     tokenizer = train_qwen_tokenizer()
     end = tokenizer.token_to_id("<|endoftext|>")
     tokenizer.post_processor = processors.TemplateProcessing(single="$A <|endoftext|>",
                                                              special_tokens=[("<|endoftext|>", end)])
     PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="<|endoftext|>", pad_token="<|endoftext|>",
                             model_max_length=64).save_pretrained(decoder)
-    config = Qwen3Config(vocab_size=tokenizer.get_vocab_size(), hidden_size=32, intermediate_size=64,
-                         num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, head_dim=16,
-                         max_position_embeddings=64, pad_token_id=end, eos_token_id=end)
+    config = config_class(vocab_size=tokenizer.get_vocab_size(), hidden_size=32, intermediate_size=64,
+                          num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                          max_position_embeddings=64, pad_token_id=end, eos_token_id=end)
     torch.manual_seed(seed)
-    Qwen3Model(config).eval().save_pretrained(decoder)
+    model = model_class(config).eval()
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if name.endswith(".bias"):
+                parameter.normal_(std=0.5)
+    model.save_pretrained(decoder)
     SentenceTransformer(modules=[Transformer(str(decoder)), Pooling(32, "lasttoken"), Normalize()],
                         prompts=QWEN3_TINY_PROMPTS).save(str(folder))
     return folder

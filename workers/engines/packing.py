@@ -1,7 +1,8 @@
-"""What the padding-free forward passes of encoders (`packed_bert`, `packed_modernbert`)
-share: where a padded batch's real tokens lie, the moves between the padded layout and the
-packed one (the real tokens, row after row), attention over them, and the row counts a
-pass runs at in reduced precision on a CPU.
+"""What the padding-free forward passes (the encoders' `packed_bert`, `packed_modernbert`;
+the decoders' `packed_decoder`) share: where a padded batch's real tokens lie, the moves
+between the padded layout and the packed one (the real tokens, row after row), attention
+over them (both ways, or causal; as many key-value heads as query heads, or fewer), and
+the row counts a pass runs at in reduced precision on a CPU.
 
 Such a pass runs every linear layer on the real tokens of the batch only; padding exists
 only inside attention. On a CPU, where compute is proportional to the tokens processed, a
@@ -60,10 +61,13 @@ class Packing:
     """One padded (n, L) batch's real tokens in the packed layout, padded at the end to
     `rows` (a `token_bucket` where `buckets`; zero rows, zero in and zero out of
     attention), and attention over them: `varlen`'s where given, else SDPA over the
-    padded layout."""
+    padded layout; `causal`: a token attends to those before it and itself only (a
+    decoder's; the batch is padded on the right, so a sequence's tokens start at 0)."""
 
-    def __init__(self, attention_mask: torch.Tensor, varlen: VarlenAttention | None, buckets: bool) -> None:
+    def __init__(self, attention_mask: torch.Tensor, varlen: VarlenAttention | None, buckets: bool,
+                 causal: bool = False) -> None:
         self.keep = attention_mask.bool()
+        self._causal = causal
         self.tokens = self.keep.view(-1).nonzero().squeeze(1)  # flat indices of real tokens
         self.real = len(self.tokens)
         self.rows = token_bucket(self.real) if buckets else self.real
@@ -99,18 +103,30 @@ class Packing:
         """(rows, 3, heads, head_dim) queries, keys and values -> (rows, heads * head_dim):
         each token attends to the real tokens of its sequence; with `window`, only to those
         at most that many positions away (a local-attention layer's)."""
+        return self.attend_heads(*qkv.unbind(1), window=window)
+
+    def attend_heads(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                     window: int | None = None) -> torch.Tensor:
+        """`attend` on (rows, heads, head_dim) queries and (rows, groups, head_dim) keys and
+        values, where `groups` divides `heads` (grouped-query attention: each key-value head
+        serves heads // groups query heads in turn)."""
         if self._varlen is None:
-            return self._attend_padded(qkv, self._mask(window))
-        q, k, v = qkv.unbind(1)
+            return self._attend_padded(q, k, v, self._mask(window))
         side = -1 if window is None else window  # flash-attn's "no limit"
+        # Causal: no key after the query (flash-attn's window (-1, 0) is its causal mask).
         return self._varlen(q, k, v, self._bounds, self._bounds, self._longest, self._longest,
-                            window_size=(side, side)).reshape(len(qkv), -1)
+                            window_size=(side, 0 if self._causal else side)).reshape(len(q), -1)
 
     def _mask(self, window: int | None) -> torch.Tensor:
         """SDPA's mask for (n, heads, L, L) scores, True where a query attends a key; built
         once per window and pass."""
         if window not in self._masks:
             keys = self.keep[:, None, None, :]
+            if self._causal:
+                # Right padding: a real token's earlier keys are all real. A padding query
+                # attends to the real tokens (its output is dropped).
+                length = self.keep.shape[1]
+                keys = keys & torch.ones(length, length, dtype=torch.bool, device=self.keep.device).tril()
             if window is None:
                 self._masks[window] = keys
             else:
@@ -121,10 +137,15 @@ class Packing:
                 self._masks[window] = keys & (near | ~self.keep[:, :, None])[:, None]
         return self._masks[window]
 
-    def _attend_padded(self, qkv: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    def _attend_padded(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         n, length = self.keep.shape
-        _, _, heads, head_dim = qkv.shape
-        padded = qkv.new_zeros(n * length, 3, heads, head_dim).index_copy_(0, self.tokens, qkv[:self.real])
-        q, k, v = padded.view(n, length, 3, heads, head_dim).permute(2, 0, 3, 1, 4)
-        context = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        _, heads, head_dim = q.shape
+
+        def padded(packed: torch.Tensor) -> torch.Tensor:
+            """(rows, h, head_dim) -> (n, h, L, head_dim), zero at padding."""
+            flat = packed.new_zeros(n * length, *packed.shape[1:]).index_copy_(0, self.tokens, packed[:self.real])
+            return flat.view(n, length, *packed.shape[1:]).transpose(1, 2)
+
+        context = F.scaled_dot_product_attention(padded(q), padded(k), padded(v), attn_mask=mask,
+                                                 enable_gqa=k.shape[1] != heads)
         return self.to_rows(context.transpose(1, 2).reshape(n * length, heads * head_dim).index_select(0, self.tokens))

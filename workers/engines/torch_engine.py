@@ -1,7 +1,7 @@
 """PyTorch engine: a transformers encoder with SDPA attention (where the architecture has
-it), padding-free for BERT-shaped encoders (BERT, RoBERTa, XLM-RoBERTa: `packed_bert`) and
-ModernBERT (`packed_modernbert`), with its sequence-classification or masked-language-model
-head where logits are asked;
+it), padding-free for BERT-shaped encoders (BERT, RoBERTa, XLM-RoBERTa: `packed_bert`),
+ModernBERT (`packed_modernbert`) and Qwen2 / Qwen3 decoders (`packed_decoder`), with its
+sequence-classification or masked-language-model head where logits are asked;
 optionally through `torch.compile` (`compile = true`). In bfloat16 / float16 on a CPU its
 linear layers are prepacked for oneDNN (`workers.engines.onednn`)."""
 
@@ -16,9 +16,10 @@ import torch
 from infinity.shared import devices
 from infinity.shared.kinds import TEXT, RawOutput
 from infinity.shared.protocol import ModelSpec
-from workers.engines import onednn, packed_bert, packed_modernbert
+from workers.engines import onednn, packed_bert, packed_decoder, packed_modernbert
 from workers.engines.base import auto_class, model_output, pad_id
 from workers.engines.packed_bert import PackedBert
+from workers.engines.packed_decoder import PackedDecoder
 from workers.engines.packed_modernbert import PackedModernBert
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -38,11 +39,13 @@ _PACKED_HEADS = {
 
 
 def _padding_free(body: torch.nn.Module) -> PackedForward | None:
-    """The padding-free forward of an encoder body, for the families that have one."""
+    """The padding-free forward of a model body, for the families that have one."""
     if packed_bert.supports(body):
         return PackedBert(body)
     if packed_modernbert.supports(body):
         return PackedModernBert(body)
+    if packed_decoder.supports(body):
+        return PackedDecoder(body)
     return None
 
 

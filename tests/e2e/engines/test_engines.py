@@ -7,6 +7,7 @@ import importlib.util
 import json
 import os
 import time
+from functools import partial
 from pathlib import Path
 
 import msgspec
@@ -17,7 +18,7 @@ import torch
 from infinity.config import ConfigError, ModelConfig
 from infinity.folders.resolve import resolve_model
 from tests.support.modernbert import save_tiny_modernbert
-from tests.support.tiny_models import FAMILIES, save_tiny_bert, save_tiny_family_model
+from tests.support.tiny_models import FAMILIES, save_tiny_bert, save_tiny_decoder_embedder, save_tiny_family_model
 from workers.engines import onednn
 from workers.engines.packing import token_bucket
 from workers.heads import load_model
@@ -30,16 +31,19 @@ _PACKED_TOLERANCE = {"float32": {"atol": 1e-5, "rtol": 1e-4}, "bfloat16": {"atol
 
 def _tiny_encoder(folder: Path, family: str) -> Path:
     """A tiny random encoder of a family the torch engine runs padding-free."""
-    builders = {"bert": save_tiny_bert, "modernbert": save_tiny_modernbert}
+    builders = {"bert": save_tiny_bert, "modernbert": save_tiny_modernbert,
+                "qwen3": partial(save_tiny_decoder_embedder, family="qwen3"),
+                "qwen2": partial(save_tiny_decoder_embedder, family="qwen2")}
     return builders[family](folder) if family in builders else save_tiny_family_model(folder, family)
 
 
 @pytest.mark.parametrize("dtype", sorted(_PACKED_TOLERANCE))
-@pytest.mark.parametrize("family", ["bert", "roberta", "xlm-roberta", "modernbert"])
+@pytest.mark.parametrize("family", ["bert", "roberta", "xlm-roberta", "modernbert", "qwen3", "qwen2"])
 def test_the_padding_free_pass_equals_the_padded_module_forward(tmp_path, family, dtype):
     """In bfloat16 on a CPU the packed path pads its 125 tokens to a bucket of 128 rows.
     RoBERTa's positions count from its pad id (1), BERT's from 0; ModernBERT's rotary ones
-    from 0, and its local layers attend 4 tokens each side, fewer than most inputs here."""
+    from 0, and its local layers attend 4 tokens each side, fewer than most inputs here;
+    the decoders (Qwen3, Qwen2) attend causally, 4 query heads to 2 key-value heads."""
     folder = _tiny_encoder(tmp_path / "tiny", family)
     engine = load_model(resolve_model(ModelConfig(name="tiny", source=str(folder), pooling="mean", engine="torch",
                                                   dtype=dtype)), threads=1).engine
@@ -185,7 +189,8 @@ def _reference_varlen(q, k, v, bounds_q, bounds_k, longest_q, longest_k, window_
     """flash-attn's variable-length attention, computed sequence by sequence with SDPA:
     what the packed path must agree with (flash-attn itself needs a CUDA GPU). A window
     (left, right) other than (-1, -1) limits each query to the keys from `left` before it
-    to `right` after it."""
+    to `right` after it. Keys and values may have fewer heads than queries (grouped-query
+    attention)."""
     assert bounds_q.dtype == torch.int32 and torch.equal(bounds_q, bounds_k) and longest_q == longest_k
     assert int((bounds_q[1:] - bounds_q[:-1]).max()) == longest_q
     out = torch.empty_like(q)
@@ -195,7 +200,8 @@ def _reference_varlen(q, k, v, bounds_q, bounds_k, longest_q, longest_k, window_
         offset = index[None, :] - index[:, None]  # key minus query position
         left, right = (side if side >= 0 else end - start for side in window_size)
         window = (offset >= -left) & (offset <= right)
-        out[start:end] = torch.nn.functional.scaled_dot_product_attention(*heads_first, attn_mask=window).transpose(0, 1)
+        out[start:end] = torch.nn.functional.scaled_dot_product_attention(
+            *heads_first, attn_mask=window, enable_gqa=k.shape[1] != q.shape[1]).transpose(0, 1)
     return out
 
 
