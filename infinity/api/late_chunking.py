@@ -44,7 +44,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from infinity.api.errors import APIError
-from infinity.api.types.embeddings import EmbeddingRequest
+from infinity.api.types.embeddings import CohereEmbedRequest, EmbeddingRequest
 from infinity.client.engine_client import EngineClient, ModelInputs
 from infinity.client.topology import ServedModel
 from infinity.shared.protocol import TOKEN_STATES, ModelSpec, TextTokens
@@ -104,6 +104,15 @@ def refuse_unless_late_chunkable(model: ServedModel, body: EmbeddingRequest) -> 
             raise APIError(422, f"late chunking answers one vector per span, reading long texts in windows; leave "
                                 f"{param} out",
                            param=param)
+
+
+def refuse_on_cohere(body: CohereEmbedRequest) -> None:
+    """A 422 where a Cohere embed body asks for late chunking: Cohere's API has no such
+    field and its answer a vector per text, no spans; Jina's, on `/v1/embeddings`, has."""
+    for param in ("late_chunking", "spans", "split"):
+        if getattr(body, param) not in (None, False):
+            raise APIError(422, f"late chunking (and its {param}) is on /v1/embeddings: Cohere's embed answers a "
+                                "vector per text", param=param)
 
 
 def character_spans(body: EmbeddingRequest, texts: list[str]) -> list[list[tuple[int, int]]]:

@@ -135,9 +135,8 @@ def test_span_vectors_are_the_mean_of_the_token_states_they_cover(served, folder
     # 70 text tokens; windows of 30 (32 less [CLS] and [SEP]) sharing 30 // 4 = 7 start every
     # 23 tokens, the third moved back from 46 to end at the last token.
     ({}, "", 1, [(0, 30), (23, 53), (40, 70)]),
-    # "query: " is four tokens (qu ##er ##y [UNK]), in every window: windows of 26 sharing 6,
-    # every 20, the fourth moved back from 60 to 44.
-    ({"prompt_name": "query"}, "query: ", 5, [(0, 26), (20, 46), (40, 66), (44, 70)]),
+    # A prompt of two words, two tokens, in every window: windows of 28 sharing 7, every 21.
+    ({"prompt": "seven wizards "}, "seven wizards ", 3, [(0, 28), (21, 49), (42, 70)]),
     ({"chunk_overlap": 10}, "", 1, [(0, 30), (20, 50), (40, 70)]),
 ])
 def test_a_text_longer_than_the_model_is_read_in_windows_each_token_from_its_most_central(
@@ -244,6 +243,20 @@ def test_what_late_chunking_cannot_honour_is_refused(served, body, param):
     assert answer["error"]["param"] == param, answer
 
 
+@pytest.mark.parametrize("path", ["/v1/embed", "/v2/embed"])
+@pytest.mark.parametrize("fields, param", [
+    ({"late_chunking": True, "split": "sentences"}, "late_chunking"),
+    ({"spans": [[[0, 3]]]}, "spans"),
+    ({"split": "sentences"}, "split"),
+])
+def test_cohere_embed_refuses_late_chunking_rather_than_ignoring_it(served, path, fields, param):
+    status, answer = served.ask("POST", path, {"model": "embedder", "texts": ["the fox"], **fields})
+    assert (status, answer["error"]["param"]) == (422, param), answer
+    assert "/v1/embeddings" in answer["error"]["message"]
+    status, _ = served.ask("POST", path, {"model": "embedder", "texts": ["the fox"], "late_chunking": False})
+    assert status == 200
+
+
 def test_a_reranker_is_refused(served):
     status, _ = served.ask("POST", "/v1/embeddings", {"model": "reranker", "input": "the fox", "late_chunking": True,
                                                       "split": "sentences"})
@@ -256,6 +269,8 @@ def test_the_openapi_document_has_the_late_chunking_fields(served):
     assert {"late_chunking", "spans", "split"} <= set(schemas["EmbeddingRequest"]["properties"])
     assert "spans" in schemas["EmbeddingData"]["properties"]
     assert {"start", "end", "token_start", "token_end", "embedding"} <= set(schemas["SpanEmbedding"]["properties"])
+    cohere = schemas["CohereEmbedRequest"]["properties"]
+    assert all("Not taken here" in str(cohere[field]) for field in ("late_chunking", "spans", "split"))
 
 
 def test_a_batch_gives_token_states_to_the_inputs_that_ask_and_vectors_to_the_others():

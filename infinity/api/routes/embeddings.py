@@ -14,6 +14,7 @@ from infinity.api import binary, openapi
 from infinity.api.embedding import Embedder
 from infinity.api.errors import APIError
 from infinity.api.inputs import output_types, text_inputs, text_or_token_inputs
+from infinity.api.late_chunking import refuse_on_cohere
 from infinity.api.long_inputs import long_inputs_of_cohere, with_long_inputs
 from infinity.api.media_fetch import media_bytes
 from infinity.api.prompts import with_prompt
@@ -90,6 +91,7 @@ async def cohere_embed(request: web.Request, body: CohereEmbedRequest) -> Cohere
     default = request.app[CONFIG].server.embedding_type
     types = output_types(body.embedding_types, default)
     model = served_model(request, body.model, COHERE_KINDS)
+    refuse_on_cohere(body)
     texts, images = _cohere_inputs(body)
     if images is None:
         inputs = text_inputs(texts, max_items(request), "texts")

@@ -104,6 +104,10 @@ class EmbeddingRequest(PromptedRequest):
 CohereEmbeddingType = Literal[EmbeddingType, "base64"]
 
 
+NOT_ON_COHERE = Meta(description="Not taken here (422 unless false): late chunking answers a vector per span, on "
+                                 "/v1/embeddings")
+
+
 class CohereInput(Struct):
     """One input of Cohere v2's `inputs`: its content parts (one, for the models here)."""
 
@@ -127,6 +131,11 @@ class CohereEmbedRequest(PromptedRequest):
     long_inputs: LongInputs | None = None
     chunk_overlap: ChunkOverlap | None = None
     output_dimension: Annotated[int, Meta(extra_json_schema={"minimum": 1})] | None = None
+    # Late chunking's fields, named so that they are refused rather than ignored (Cohere's
+    # answer holds a vector per text, with no place for spans).
+    late_chunking: Annotated[bool, NOT_ON_COHERE] | None = None
+    spans: Annotated[list[list[CharacterSpan]], NOT_ON_COHERE] | None = None
+    split: Annotated[Literal["sentences"], NOT_ON_COHERE] | None = None
 
 
 class SparseEmbedRequest(PromptedRequest):
