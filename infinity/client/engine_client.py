@@ -15,10 +15,11 @@ inputs, as any: how many chunks they make is known only once they are tokenized,
 counting tokens in the event loop to admit by chunks would cost every request what only
 long ones need (an upper bound from characters would be far off, or refuse most long
 inputs). The tokenizer reports each input's chunks (`Tokenized.chunks`); the slots the
-chunks need beyond the request's are taken then, before anything is sent to run, and if
-the pool has not that many free the request is answered 429 like any other that finds the
-queue full. Each chunk is one input to the scheduler (chunks of one input may run in
-different batches); the route combines them (`Result.chunks`).
+chunks need beyond the request's are taken then, before anything is sent to run, as its
+inputs were (`_admit`: a less urgent request within its share), and if there is not that
+much room the request is answered 429 like any other that finds the queue full. Each
+chunk is one input to the scheduler (chunks of one input may run in different batches);
+the route combines them (`Result.chunks`).
 
 A model placed on several devices keeps serving on its other replicas while one is
 restarted; `/health` says ready only when every process is (a replica short, it is 503).
@@ -435,12 +436,12 @@ class EngineClient:
                                                f"model '{model.spec.name}' is restarting; retry shortly"))
             return
         if message.chunks is not None:
-            extra = model.pool.take(len(message.inputs.costs) - len(pending.slots), pending.priority)
-            if extra is None:
-                self._finish(pending, ServingError(protocol.ErrorKind.OVERLOADED, f"model '{model.spec.name}' has "
-                                                   "no room for this request's chunks; retry later"))
+            try:  # admitted as the request's own inputs are, its priority's share held to
+                pending.slots += self._admit(model, len(message.inputs.costs) - len(pending.slots), pending.priority)
+            except ServingError as refused:
+                self._finish(pending, ServingError(refused.kind,
+                                                   f"no room for this request's chunks: {refused.message}"))
                 return
-            pending.slots += extra
             pending.chunks = message.chunks
         pending.billed = message.inputs.billed
         pending.costs = message.inputs.costs

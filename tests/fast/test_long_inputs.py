@@ -2,7 +2,8 @@
 (tests/fast/inprocess.py's `ModelLauncher`): chunked inputs held to sentence-transformers'
 vectors of each window, averaged by hand (the README's formula), with and without a prompt
 and overlap; `usage` counting every chunk; "error" naming the input and its tokens; the cap
-on chunks (422, and the server serves on); per-request overrides; long documents reranked
+on chunks (422, and the server serves on); the queue's room for chunks (429, a less urgent
+request's share too); per-request overrides; long documents reranked
 as their best chunk, held to CrossEncoder.predict on each; the fields in the OpenAPI document."""
 
 from __future__ import annotations
@@ -147,6 +148,20 @@ def test_chunks_find_no_room_in_a_full_queue_and_are_answered_429(folders):
         status, answer = client.ask("POST", "/v1/embeddings", {"input": [LONG]})
         assert status == 429 and "chunks" in answer["error"]["message"], answer
         assert client.ask("POST", "/v1/embeddings", {"input": ["fits", "two"]})[0] == 200
+
+
+def test_chunks_of_a_less_urgent_request_count_against_its_share_of_the_queue(folders):
+    """A request of priority above 0 may hold max_queued_items_low_priority slots, chunks
+    included: its one input is admitted, its three chunks are not; at priority 0 they are."""
+    model = ModelConfig(name="chunked", source=str(folders["embedder"]), engine="torch", max_length=MAX_LENGTH,
+                        long_inputs="chunk")
+    with serving_on_its_own_loop(ModelLauncher(), model=model, max_queued_items=8,
+                                 max_queued_items_low_priority=2) as client:
+        status, answer = client.ask("POST", "/v1/embeddings", {"input": [LONG], "priority": 1})
+        assert status == 429 and "chunks" in answer["error"]["message"], answer
+        assert "priority above 0" in answer["error"]["message"], answer
+        assert client.ask("POST", "/v1/embeddings", {"input": ["fits", "two"], "priority": 1})[0] == 200
+        assert client.ask("POST", "/v1/embeddings", {"input": [LONG]})[0] == 200
 
 
 @pytest.mark.parametrize("path, body, param", [
