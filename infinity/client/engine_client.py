@@ -124,6 +124,9 @@ class ModelInputs(msgspec.Struct, frozen=True):
     long_inputs: str | None = None
     chunk_overlap: int | None = None
     max_chunks: int | None = None
+    # The request field that forbids cutting inputs (TEI's `truncate: false`), where one
+    # does: an input the tokenizer cut is refused, naming it, before the model runs.
+    refuse_cut: str | None = None
 
     def __len__(self) -> int:
         inputs = next(i for i in (self.texts, self.token_ids, self.media) if i is not None)
@@ -152,6 +155,7 @@ class _Pending:
     sent: float = 0.0  # when it was sent to an inference process (monotonic seconds)
     vector_types: list[str] = field(default_factory=list)  # the outputs it asks of a hybrid model
     chunks: list[int] | None = None  # how many of its slots each input's chunks took (None: one each)
+    refuse_cut: str | None = None  # as `ModelInputs.refuse_cut`
 
 
 @dataclass
@@ -308,7 +312,8 @@ class EngineClient:
                                     chunk_overlap=inputs.chunk_overlap, max_chunks=inputs.max_chunks)
         result = await self._submit(_Pending(self._next_id, model, slots, asyncio.get_running_loop().create_future(),
                                              tokenizer, priority, request.trace,
-                                             vector_types=_vector_types(model, inputs)), request, inline)
+                                             vector_types=_vector_types(model, inputs), refuse_cut=inputs.refuse_cut),
+                                    request, inline)
         tracing.outputs_arrived()
         return result
 
@@ -429,6 +434,12 @@ class EngineClient:
         model = pending.model
         if pending.abandoned:
             self._finish(pending, None)
+            return
+        if message.truncated and pending.refuse_cut is not None:
+            self._finish(pending, ServingError(
+                protocol.ErrorKind.INVALID_INPUT, f"input[{message.truncated[0]}] is longer than the "
+                f"{model.spec.max_length} tokens of model '{model.spec.name}', and {pending.refuse_cut} is false",
+                pending.refuse_cut))
             return
         replica = model.pick()
         if replica is None:

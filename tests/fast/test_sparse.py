@@ -2,7 +2,7 @@
 SpladePooling arithmetic on known logits, and the whole request path in one process
 (tests/fast/inprocess.py) with a fake engine whose logits are known: TEI's
 `/embed_sparse`, the sparse items of `/v1/embeddings`, `top_k` and the model's own
-max_active_dims."""
+max_active_dims, `truncate: false` refusing a long input before the model runs."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ import pytest
 import torch
 from tokenizers import Tokenizer
 
+from infinity.api.routes.common import ENGINE_CLIENT
 from infinity.config import ModelConfig
 from infinity.folders.resolve import packaged_model_folder, resolve_model
 from tests.fast.inprocess import serving, token_states
@@ -138,3 +139,23 @@ def test_a_sparse_models_prompts_are_put_before_its_texts(tmp_path):
     expected = _expected(folder, ["query: " + text for text in TEXTS], VOCABULARY)
     assert [[e["index"] for e in entries] for entries in named] == [indices for indices, _ in expected]
     assert [item["embedding"]["indices"] for item in typed["data"]] == [indices for indices, _ in expected]
+
+
+def test_truncate_false_refuses_a_long_input_before_the_model_runs(tmp_path):
+    folder = sparse_folder(tmp_path)
+    long = " ".join(["sparse vectors"] * 20)
+
+    async def test():
+        async with serving(model=ModelConfig(name="s", source=str(folder), engine="torch", max_length=16)) as client:
+            served = client.server.app[ENGINE_CLIENT].models["s"].served
+            before = served.inputs
+            refused = await client.post("/embed_sparse", json={"inputs": ["short", long], "truncate": False})
+            computed = served.inputs - before
+            cut = await client.post("/embed_sparse", json={"inputs": [long]})
+            return refused.status, await refused.json(), computed, cut.status
+
+    status, answer, computed, cut = asyncio.run(test())
+    assert (status, answer["error"]["param"]) == (422, "truncate"), answer
+    assert "input[1]" in answer["error"]["message"]
+    assert computed == 0, "the model ran on a request it then refused"
+    assert cut == 200  # as the model is set: cut at the end

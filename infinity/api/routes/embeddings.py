@@ -122,10 +122,9 @@ async def embed_sparse(request: web.Request, body: SparseEmbedRequest) -> Sparse
     model = served_model(request, body.model, SPARSE_KINDS)
     inputs = with_prompt(model, text_or_token_inputs(body.inputs, max_items(request), "inputs"), body.prompt,
                          body.prompt_name, None)
-    result, vectors = await _embedder(request).sparse_vectors(model, inputs, body.top_k)
-    if body.truncate is False and result.truncated:
-        raise APIError(422, f"{result.truncated} of the inputs are longer than the {model.spec.max_length} tokens of "
-                            f"model '{model.spec.name}', and truncate is false", param="truncate")
+    if body.truncate is False:
+        inputs = msgspec.structs.replace(inputs, refuse_cut="truncate")
+    _, vectors = await _embedder(request).sparse_vectors(model, inputs, body.top_k)
     return SparseEmbedResponse([[SparseValue(index, value) for index, value in entries.tolist()]
                                 for entries in vectors])
 

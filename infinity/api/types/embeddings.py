@@ -141,8 +141,8 @@ class CohereEmbedRequest(PromptedRequest):
 class SparseEmbedRequest(PromptedRequest):
     """TEI's `/embed_sparse` body, plus `model` (a served sparse model; none: the only one),
     `top_k` and `prompt` (beside TEI's `prompt_name`). Long inputs are cut at the end as the
-    model's `long_inputs` setting says; `truncate: false` refuses them (422) even where the
-    model would cut them."""
+    model's `long_inputs` setting says; `truncate: false` refuses them (422, before the model
+    runs) even where the model would cut them."""
 
     inputs: TextOrTokens
     model: str | None = None
