@@ -21,8 +21,8 @@ each holds the leading special and prompt tokens ("head"), `size = max_length - 
 tail` consecutive tokens of the text, and the trailing special tokens ("tail"); window k
 starts `k * (size - overlap)` text tokens in, the last one moved back to end at the text's
 last token (so every window is full). `overlap` is the request's `chunk_overlap`, else a
-quarter of `size`: with the rule below, each token is read with at least `overlap / 2`
-tokens of context on a cut side (an eighth of the window), for 4/3 of the cost of
+quarter of `size`: with the rule below, each token is read with at least `overlap // 2`
+tokens of context on a cut side (an eighth of the window), for about 4/3 of the passes of
 disjoint windows. At most the model's `max_chunks_per_input` windows per text (beyond:
 422 naming the count); each window is one input to the model (a slot, `usage` counts its
 tokens), which answers its token states.

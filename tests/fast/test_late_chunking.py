@@ -159,6 +159,26 @@ def test_a_text_longer_than_the_model_is_read_in_windows_each_token_from_its_mos
     assert answer["usage"]["prompt_tokens"] == len(windows) * MAX_LENGTH + short  # every window's tokens
 
 
+def test_a_text_is_tokenized_once_and_its_windows_given_to_the_pass_as_token_ids(served, folders, monkeypatch):
+    from infinity.client.engine_client import EngineClient
+
+    sent, run = [], EngineClient.run
+
+    async def recording_run(self, model, inputs):  # noqa: ANN001, ANN202
+        sent.append(inputs)
+        return await run(self, model, inputs)
+
+    monkeypatch.setattr(EngineClient, "run", recording_run)
+    status, answer = served.ask("POST", "/v1/embeddings", {"model": "embedder", "input": LONG, "late_chunking": True,
+                                                           "split": "sentences"})
+    assert status == 200, answer
+    (inputs,) = sent  # one run, of every window
+    ids = _tokens(folders["embedder"], LONG)[0]
+    assert inputs.texts is None
+    assert inputs.token_ids == [ids[:1] + ids[1 + start:1 + stop] + ids[-1:] for start, stop in [(0, 30), (23, 53),
+                                                                                                    (40, 70)]]
+
+
 @pytest.mark.parametrize("tokens, size, overlap, windows", [
     (10, 12, 3, [(0, 10)]),
     (10, 6, 2, [(0, 6), (4, 10)]),
