@@ -14,10 +14,15 @@ On a cluster (INPUT and OUTPUT on storage every node reaches: s3://, gs://, a sh
         --model BAAI/bge-small-en-v1.5 --concurrency 8 --num-gpus 1
 
 Resume: with `--checkpoint PATH` (shared storage) Ray Data's own checkpointing (Ray 2.60,
-`DataContext.checkpoint_config`) records the ids of the rows written; run the same command
-again after a failure and the rows already written are filtered out as they are read. It
-needs a column of unique row ids (`--id-column`, default id); the checkpoint is deleted
-when the job completes.
+`DataContext.checkpoint_config`) records the ids of the rows of each file written; run the
+same command again after a failure (a `kill -9` of the whole job included) and the rows
+already written are filtered out as they are read, a file whose write was cut short is
+removed, and every id ends up in OUTPUT once. It needs a column of unique row ids
+(`--id-column`, default id); the checkpoint is deleted when the job completes. Output is
+cut into files of `--rows-per-file` rows, the unit a failure loses (Ray Data would
+otherwise write each input file's rows as one, after the last of them). On resume Ray runs
+a checkpoint-filter actor of one CPU beside the embedding actors: leave a CPU free for it,
+or the job waits for one forever.
 """
 
 from __future__ import annotations
@@ -30,11 +35,13 @@ import ray.data
 from infinity.ray import Embed
 
 BATCHES_PER_ACTOR = 4
+ROWS_PER_FILE = 4096
 
 
 def embed_parquet(input: str, output: str, *, model: str | None = None, config: str | None = None,
                   column: str = "text", concurrency: int = 1, batch_size: int = 256, num_gpus: float = 0,
-                  num_cpus: float | None = None, checkpoint: str | None = None, id_column: str = "id") -> None:
+                  num_cpus: float | None = None, checkpoint: str | None = None, id_column: str = "id",
+                  rows_per_file: int = ROWS_PER_FILE) -> None:
     """Read `input`, embed column `column` of every row, write Parquet files under `output`.
     Ray must be initialised (`ray.init()`)."""
     if checkpoint is not None:
@@ -54,7 +61,8 @@ def embed_parquet(input: str, output: str, *, model: str | None = None, config: 
         # A GPU actor's CPU work is tokenizing: Ray's default CPU share is enough to schedule it.
         **({"num_cpus": num_cpus} if num_cpus is not None else {}),
     )
-    embedded.write_parquet(output)
+    # Streamed: each file is written as soon as its rows are embedded.
+    embedded.repartition(target_num_rows_per_block=rows_per_file).write_parquet(output)
 
 
 def main() -> None:
@@ -71,11 +79,14 @@ def main() -> None:
     parser.add_argument("--num-cpus", type=float, help="CPUs per actor (default: Ray's)")
     parser.add_argument("--checkpoint", help="resume with Ray Data checkpointing, kept at this path")
     parser.add_argument("--id-column", default="id", help="the unique row ids that --checkpoint records (default id)")
+    parser.add_argument("--rows-per-file", type=int, default=ROWS_PER_FILE,
+                        help=f"rows per output file, what a failure loses (default {ROWS_PER_FILE})")
     args = parser.parse_args()
     ray.init()  # joins the cluster under `ray job submit` (RAY_ADDRESS), else starts a local Ray
     embed_parquet(args.input, args.output, model=args.model, config=args.config, column=args.column,
                   concurrency=args.concurrency, batch_size=args.batch_size, num_gpus=args.num_gpus,
-                  num_cpus=args.num_cpus, checkpoint=args.checkpoint, id_column=args.id_column)
+                  num_cpus=args.num_cpus, checkpoint=args.checkpoint, id_column=args.id_column,
+                  rows_per_file=args.rows_per_file)
 
 
 if __name__ == "__main__":

@@ -1,11 +1,14 @@
-"""End to end: examples/ray_embed.py on a local Ray (two CPUs, one actor) over a Parquet
-file of texts with the packaged default model: every row comes back with the vector the
-server answers for its text, a row without text with its `error` instead; the actor's
-children and its /dev/shm folder are gone once Ray stops."""
+"""End to end: examples/ray_embed.py on a local Ray (one actor) over a Parquet file of
+texts with the packaged default model: every row comes back with the vector the server
+answers for its text, a row without text with its `error` instead; the actor's children
+and its /dev/shm folder are gone once Ray stops. With a checkpoint, a run killed (-9, the
+whole process group) after its first files is finished by the same command: every id
+once, every file whole."""
 
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -39,11 +42,39 @@ try:
 finally:
     ray.shutdown()
 """
+# With a checkpoint, in files of 10 rows; "slowed": each batch a second late, so that a kill
+# lands while the job runs. Three CPUs: on resume Ray's checkpoint filter takes one.
+RESUMABLE = """
+import sys
+import time
+import ray
+sys.path.insert(0, "examples")
+import ray_embed
+if sys.argv[4] == "slowed":
+    class Slowed(ray_embed.Embed):
+        def __call__(self, batch):
+            time.sleep(1.0)
+            return super().__call__(batch)
+    ray_embed.Embed = Slowed
+ray.init(num_cpus=3, include_dashboard=False)
+try:
+    ray_embed.embed_parquet(sys.argv[1], sys.argv[2], concurrency=1, batch_size=10, num_cpus=1,
+                            checkpoint=sys.argv[3], rows_per_file=10)
+finally:
+    ray.shutdown()
+"""
 
 
 def _folders() -> dict[str, int]:
     """The /dev/shm folders of our models' front ends, by name: their pids."""
     return {path.name: int(path.name.split("-")[2]) for path in SHM_DIR.glob("infinity-emb-*")}
+
+
+def _served(server, texts: list[str]) -> np.ndarray:
+    server.wait_idle()
+    answer = server.embed(texts)
+    assert answer.status_code == 200, answer.text
+    return np.array([item["embedding"] for item in answer.json()["data"]], np.float32)
 
 
 def test_ray_pipeline_gives_the_servers_vectors(server, tmp_path: Path) -> None:
@@ -68,10 +99,7 @@ def test_ray_pipeline_gives_the_servers_vectors(server, tmp_path: Path) -> None:
     vectors = np.array([by_id[i][0] for i in good], np.float32)
     assert vectors.shape == (len(good), DIM)
 
-    server.wait_idle()
-    answer = server.embed([texts[i] for i in good])
-    assert answer.status_code == 200, answer.text
-    served = np.array([item["embedding"] for item in answer.json()["data"]], np.float32)
+    served = _served(server, [texts[i] for i in good])
     # Same model folder, engine and float32 on both sides: only batch shapes differ.
     np.testing.assert_allclose(vectors, served, atol=1e-5)
     cosines = np.sum(vectors * served, axis=1) / np.linalg.norm(vectors, axis=1) / np.linalg.norm(served, axis=1)
@@ -82,3 +110,40 @@ def test_ray_pipeline_gives_the_servers_vectors(server, tmp_path: Path) -> None:
     left = {name: pid for name, pid in _folders().items() if name not in before and not pid_alive(pid)}
     assert not left, f"left under /dev/shm: {sorted(left)}"
     print(f"ray pipeline: {seconds:.1f} s for {ROWS} rows")
+
+
+def test_ray_pipeline_resumes_after_a_kill(server, tmp_path: Path) -> None:
+    rows = 120
+    texts = [SENTENCES[i % len(SENTENCES)] + f" ({i})" for i in range(rows)]
+    source, out, checkpoint = tmp_path / "in.parquet", tmp_path / "out", tmp_path / "checkpoint"
+    pq.write_table(pa.table({"id": [f"row-{i}" for i in range(rows)], "text": texts}), source)
+    before = _folders()
+    command = [sys.executable, "-c", RESUMABLE, str(source), str(out), str(checkpoint)]
+
+    killed = subprocess.Popen([*command, "slowed"], cwd=REPO, env=ENV, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 200
+        while not list(out.glob("*.parquet")) and killed.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert killed.poll() is None, "the slowed run ended before any file was written"
+    finally:
+        os.killpg(killed.pid, signal.SIGKILL)
+        killed.wait()
+    assert list(checkpoint.iterdir()), "no checkpoint was written before the kill"
+    assert len(list(out.glob("*.parquet"))) < rows // 10, "the run was finished before the kill"
+
+    resumed = subprocess.run([*command, "plain"], cwd=REPO, env=ENV, capture_output=True, text=True, timeout=240,
+                             preexec_fn=stop_with_parent)
+    assert resumed.returncode == 0, resumed.stdout[-5000:] + resumed.stderr[-5000:]
+
+    table = pa.concat_tables([pq.read_table(p) for p in sorted(out.glob("*.parquet"))])  # each file whole
+    ids = table.column("id").to_pylist()
+    assert sorted(ids) == sorted(f"row-{i}" for i in range(rows)), "not every id exactly once"
+    assert table.column("error").null_count == rows
+    by_id = dict(zip(ids, table.column("embedding").to_pylist()))
+    vectors = np.array([by_id[f"row-{i}"] for i in range(rows)], np.float32)
+    np.testing.assert_allclose(vectors, _served(server, texts), atol=1e-5)
+    assert not checkpoint.exists() or not list(checkpoint.iterdir()), "the checkpoint outlived the finished job"
+    left = {name: pid for name, pid in _folders().items() if name not in before and not pid_alive(pid)}
+    assert not left, f"left under /dev/shm: {sorted(left)}"
