@@ -4,7 +4,9 @@ Over one Parquet file of `--rows` corpus texts (`workers.inference.corpus`, with
 each in a process of its own, one after the other:
 
 - ceiling: the engine and dtype `embed` serves (read from its manifest), loaded in
-  process; batches of 32, tokenizing included, no file I/O; the best of: in file order,
+  process, over the file's first `--ceiling-rows` texts (a rate of the runtime, which a
+  sample of the same texts gives: each of its four ways over a 100k file would take
+  longer than the job); batches of 32, tokenizing included, no file I/O; the best of: in file order,
   and sorted by length within each 1,024 texts (as sentence-transformers' `encode` does),
   one batch at a time on all threads, or a batch per lane at once (the engine's lanes);
 - embed: `python -m infinity embed FILE OUT --quiet`, from start to summary (its own
@@ -66,13 +68,13 @@ def texts_of(path: Path) -> list[str]:
     return pq.read_table(path, columns=["text"]).column("text").to_pylist()
 
 
-def ceiling(path: Path, model: str | None, engine: str, dtype: str, threads: int) -> dict:
-    """Rows/s of the engine in process over the file's texts, tokenizing included."""
+def ceiling(path: Path, model: str | None, engine: str, dtype: str, threads: int, rows: int) -> dict:
+    """Rows/s of the engine in process over the file's first `rows` texts, tokenizing included."""
     from bench.engines import load_engine
     from bench.replay import pad_batch
 
     loaded, tokenizer = load_engine(f"{engine}:{dtype}", threads, model)
-    texts = texts_of(path)
+    texts = texts_of(path)[:rows]
     in_order = [texts[i:i + BATCH] for i in range(0, len(texts), BATCH)]
     by_length = [sorted(texts[i:i + 1024], key=len) for i in range(0, len(texts), 1024)]
     sorted_batches = [chunk[i:i + BATCH] for chunk in by_length for i in range(0, len(chunk), BATCH)]
@@ -217,6 +219,7 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=100_000)
     parser.add_argument("--model", help="a model folder (default: the packaged all-MiniLM-L6-v2)")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="the ceiling's threads")
+    parser.add_argument("--ceiling-rows", type=int, default=8192, help="the texts the ceiling runs, from the file's start")
     parser.add_argument("--ray", action="store_true", help="also Ray Data with one actor")
     parser.add_argument("--skip", action="append", default=[], choices=sorted(CONTENDERS))
     parser.add_argument("--child", help=argparse.SUPPRESS)
@@ -232,7 +235,7 @@ def main() -> None:
     print(f"embed: {figures['embed']['summary']}", flush=True)
     wanted = [n for n in ("ceiling", "server", "st") if n not in args.skip] + (["ray"] if args.ray else [])
     for name in wanted:
-        extra = (engine, dtype, args.threads) if name == "ceiling" else ()
+        extra = (engine, dtype, args.threads, args.ceiling_rows) if name == "ceiling" else ()
         figures[name] = _child(name, str(path), args.model, *extra)
         print(f"{name}: {figures[name]}", flush=True)
     tokens = figures["embed"]["tokens"] / figures["embed"]["rows"]
