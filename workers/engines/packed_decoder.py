@@ -2,7 +2,9 @@
 Qwen3-Embedding; Qwen2, as in gte-Qwen2): every linear layer runs on the real tokens of
 the batch only, and padding exists only inside attention (`workers.engines.packing`),
 which is causal and grouped-query, with rotary positions counted from each sequence's
-first token, so an input's states do not depend on its batch mates.
+first token, so an input's states do not depend on its batch mates. Leading tokens that
+every input of a batch shares (queries behind one instruction prompt) are computed once:
+with causal attention their states do not depend on what follows them.
 
 It reuses the loaded transformers module's weights and layers (embeddings, RMS norms,
 Qwen3's per-head query and key norms, rotary tables), with the query, key and value
@@ -17,7 +19,7 @@ import torch
 from torch import nn
 
 from workers.engines import onednn
-from workers.engines.packing import Packing, VarlenAttention, flash_varlen
+from workers.engines.packing import Packing, VarlenAttention, flash_varlen, shared_prefix
 
 _FAMILIES = ("Qwen2Model", "Qwen3Model")
 
@@ -81,13 +83,17 @@ class PackedDecoder:
         self._head_dim = model.layers[0].self_attn.head_dim
         self.varlen: VarlenAttention | None = flash_varlen(weight.device, weight.dtype)
         self._buckets = onednn.uses_onednn(weight)
+        # Whether a batch's common leading tokens are computed once (`Packing`'s `shared`),
+        # on the SDPA path.
+        self.shares_prefix = True
 
     def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                  token_type_ids: torch.Tensor) -> torch.Tensor:
         """(n, L) ids and mask, padded on the right -> (n, L, hidden) token states, zero at
         padding (the model has no token segments)."""
         model = self._model
-        packing = Packing(attention_mask, self.varlen, self._buckets, causal=True)
+        shared = shared_prefix(input_ids, attention_mask) if self.shares_prefix and self.varlen is None else 0
+        packing = Packing(attention_mask, self.varlen, self._buckets, causal=True, shared=shared)
         x = packing.to_rows(model.embed_tokens(packing.pack(input_ids)))
         # Zero rows of rotation beyond the real tokens: the bucket's zero rows stay zero.
         cos, sin = (packing.to_rows(table[0]) for table in model.rotary_emb(x, packing.positions()[None]))

@@ -57,18 +57,39 @@ def flash_varlen(device: torch.device, dtype: torch.dtype) -> VarlenAttention | 
     return flash_attn_varlen_func
 
 
+def shared_prefix(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> int:
+    """How many leading tokens every row of a batch of several, padded on the right, has
+    in common, short of each row's last (whose state a decoder embedder pools)."""
+    if len(input_ids) < 2:
+        return 0
+    same = (input_ids == input_ids[0]).all(dim=0)
+    common = int(same.int().cumprod(0).sum())
+    return min(common, int(attention_mask.sum(dim=1).min()) - 1)
+
+
 class Packing:
     """One padded (n, L) batch's real tokens in the packed layout, padded at the end to
     `rows` (a `token_bucket` where `buckets`; zero rows, zero in and zero out of
     attention), and attention over them: `varlen`'s where given, else SDPA over the
     padded layout; `causal`: a token attends to those before it and itself only (a
-    decoder's; the batch is padded on the right, so a sequence's tokens start at 0)."""
+    decoder's; the batch is padded on the right, so a sequence's tokens start at 0).
+
+    `shared` (causal only, SDPA only): every row starts with the same `shared` tokens (an
+    instruction prompt, `shared_prefix`), which only the first row computes: the others'
+    are left out of the packed layout (of `real`), and their states, keys and values are
+    the first row's, which causal attention makes equal to their own."""
 
     def __init__(self, attention_mask: torch.Tensor, varlen: VarlenAttention | None, buckets: bool,
-                 causal: bool = False) -> None:
+                 causal: bool = False, shared: int = 0) -> None:
+        assert not shared or (causal and varlen is None)
         self.keep = attention_mask.bool()
         self._causal = causal
-        self.tokens = self.keep.view(-1).nonzero().squeeze(1)  # flat indices of real tokens
+        self._shared = shared
+        computed = self.keep
+        if shared:
+            computed = computed.clone()
+            computed[1:, :shared] = False
+        self.tokens = computed.view(-1).nonzero().squeeze(1)  # flat indices of the tokens computed
         self.real = len(self.tokens)
         self.rows = token_bucket(self.real) if buckets else self.real
         self._varlen = varlen
@@ -93,11 +114,13 @@ class Packing:
         return F.pad(packed, (0, 0, 0, self.rows - self.real))
 
     def unpack(self, packed: torch.Tensor) -> torch.Tensor:
-        """(rows, width) -> (n, L, width), zero at padding."""
+        """(rows, ...) -> (n, L, ...), zero at padding."""
         n, length = self.keep.shape
-        width = packed.shape[-1]
-        unpacked = packed.new_zeros(n * length, width).index_copy_(0, self.tokens, packed[:self.real])
-        return unpacked.view(n, length, width)
+        unpacked = packed.new_zeros(n * length, *packed.shape[1:]).index_copy_(0, self.tokens, packed[:self.real])
+        unpacked = unpacked.view(n, length, *packed.shape[1:])
+        if self._shared:
+            unpacked[1:, :self._shared] = unpacked[0, :self._shared]
+        return unpacked
 
     def attend(self, qkv: torch.Tensor, window: int | None = None) -> torch.Tensor:
         """(rows, 3, heads, head_dim) queries, keys and values -> (rows, heads * head_dim):
@@ -140,12 +163,6 @@ class Packing:
     def _attend_padded(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         n, length = self.keep.shape
         _, heads, head_dim = q.shape
-
-        def padded(packed: torch.Tensor) -> torch.Tensor:
-            """(rows, h, head_dim) -> (n, h, L, head_dim), zero at padding."""
-            flat = packed.new_zeros(n * length, *packed.shape[1:]).index_copy_(0, self.tokens, packed[:self.real])
-            return flat.view(n, length, *packed.shape[1:]).transpose(1, 2)
-
-        context = F.scaled_dot_product_attention(padded(q), padded(k), padded(v), attn_mask=mask,
+        context = F.scaled_dot_product_attention(*(self.unpack(x).transpose(1, 2) for x in (q, k, v)), attn_mask=mask,
                                                  enable_gqa=k.shape[1] != heads)
         return self.to_rows(context.transpose(1, 2).reshape(n * length, heads * head_dim).index_select(0, self.tokens))

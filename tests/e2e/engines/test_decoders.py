@@ -2,7 +2,7 @@
 last-token pooling, normalised), in process on the torch engine's padding-free pass
 (`workers.engines.packed_decoder`): parity with sentence-transformers on tiny random
 folders built at test time, each input alone and in a batch of mixed lengths, with and
-without the instruction prompt, in float32 and (on CPUs that compute it) bfloat16 within
+without the instruction prompt (a batch of queries behind it computes it once), in float32 and (on CPUs that compute it) bfloat16 within
 the trial's bar; through flash-attn's variable-length attention (a reference of it);
 `dimensions` (Matryoshka) through the whole request path. The pass's token states
 against transformers' own padded forward: tests/e2e/engines/test_engines.py."""
@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from infinity.config import ModelConfig
 from infinity.folders.resolve import resolve_model
@@ -23,6 +24,7 @@ from tests.e2e.engines.test_engines import _reference_varlen as reference_varlen
 from tests.fast.inprocess import LoopedClient, ModelLauncher, serving_on_its_own_loop
 from tests.support.tiny_models import QWEN3_TINY_PROMPTS, WORDS, save_tiny_decoder_embedder
 from workers.engines.packed_decoder import PackedDecoder
+from workers.engines.packing import shared_prefix
 from workers.heads import LoadedModel, load_model
 from workers.inference.precision import MEAN_COSINE, MIN_COSINE, run_trial
 from workers.preprocess.text import TokenItem, collate_tokens, load_tokenizer
@@ -34,6 +36,12 @@ FLOAT32_COSINE = 0.99999
 QUERY = QWEN3_TINY_PROMPTS["query"]
 # Words per text: from one token to most of the tiny models' 64 positions (the prompt takes many).
 _WORDS_PER_TEXT = (1, 3, 20, 1, 9, 4, 2)
+
+
+def _queries() -> list[str]:
+    """Queries of mixed lengths behind the instruction prompt."""
+    rng = np.random.default_rng(1)
+    return [QUERY + " ".join(rng.choice(WORDS, count)) for count in (1, 4, 2, 5, 1, 3)]
 
 
 def _texts() -> list[str]:
@@ -57,17 +65,17 @@ def _load(folder: Path, dtype: str = "float32") -> tuple[ModelSpec, LoadedModel]
     return spec, model
 
 
-def _served_alone_and_together(spec: ModelSpec, model: LoadedModel, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
-    """The model's vectors for `texts` (the server's tokenizer's ids), one pass per input and
-    one pass over all of them."""
+def _batch(spec: ModelSpec, model: LoadedModel, texts: list[str]) -> dict[str, np.ndarray]:
+    """`texts` as the server's tokenizer gives them, padded into one batch."""
     encodings = load_tokenizer(spec).encode_batch(texts)
     assert max(len(e.ids) for e in encodings) <= spec.max_length  # nothing to truncate
+    return collate_tokens([TokenItem(np.array(e.ids, dtype=np.int32)) for e in encodings], model.engine.pad_id)
 
-    def answers(chosen: list) -> np.ndarray:
-        batch = collate_tokens([TokenItem(np.array(e.ids, dtype=np.int32)) for e in chosen], model.engine.pad_id)
-        return np.asarray(model.forward(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"]))
 
-    return np.concatenate([answers([e]) for e in encodings]), answers(encodings)
+def _served_alone_and_together(spec: ModelSpec, model: LoadedModel, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """The model's vectors for `texts`, one pass per input and one pass over all of them."""
+    alone = [np.asarray(model.forward(**_batch(spec, model, [text]))) for text in texts]
+    return np.concatenate(alone), np.asarray(model.forward(**_batch(spec, model, texts)))
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -86,6 +94,30 @@ def test_an_embedder_gives_sentence_transformers_vectors_alone_and_in_a_mixed_ba
     assert ((alone * together).sum(axis=1) >= FLOAT32_COSINE).all()
 
 
+@pytest.mark.parametrize("family", FAMILIES)
+def test_queries_behind_one_prompt_compute_it_once_with_the_states_of_the_padded_forward(folders, family):
+    """Their common leading tokens (the prompt's, and more where the texts' first words
+    match) are computed for the first query only; every query's token states are still the
+    module's own padded forward's, and its vector sentence-transformers'."""
+    from sentence_transformers import SentenceTransformer
+
+    spec, model = _load(folders[family])
+    texts = _queries()
+    batch = _batch(spec, model, texts)
+    ids, mask = (torch.from_numpy(batch[name]) for name in ("input_ids", "attention_mask"))
+    prompt_tokens = len(load_tokenizer(spec).encode(QUERY, add_special_tokens=False).ids)
+    assert shared_prefix(ids, mask) >= prompt_tokens - 1  # the prompt's last token may merge with the text's first
+    states = model.engine.forward(**batch)
+    with torch.inference_mode():
+        padded = model.engine._padded(ids, mask, torch.from_numpy(batch["token_type_ids"]))
+    keep = mask.bool()
+    torch.testing.assert_close(states[keep], padded[keep], atol=1e-5, rtol=1e-4)
+    together = np.asarray(model.forward(**batch))
+    reference = SentenceTransformer(str(folders[family]), device="cpu")
+    expected_alone = np.concatenate([reference.encode([text]) for text in texts])
+    assert ((together * expected_alone).sum(axis=1) >= FLOAT32_COSINE).all()
+
+
 @pytest.mark.skipif(not cpu_computes_bfloat16(), reason="this CPU has no bfloat16 instructions (avx512_bf16, amx_bf16)")
 @pytest.mark.parametrize("family", FAMILIES)
 def test_bfloat16_meets_the_trials_bar_against_float32_alone_and_in_a_mixed_batch(folders, family):
@@ -94,12 +126,13 @@ def test_bfloat16_meets_the_trials_bar_against_float32_alone_and_in_a_mixed_batc
     (figures,) = run_trial(spec, reduced, exact, threads=2)
     assert figures.mean_cosine >= MEAN_COSINE and figures.min_cosine >= MIN_COSINE, figures
     assert figures.mean_cosine < 1.0  # bfloat16 was computed, not float32 twice
-    texts = _texts()
-    reduced_alone, reduced_together = _served_alone_and_together(spec, reduced, texts)
-    exact_alone, _ = _served_alone_and_together(spec, exact, texts)
-    for got in (reduced_alone, reduced_together):
-        cosines = (got * exact_alone).sum(axis=1)
-        assert cosines.mean() >= MEAN_COSINE and cosines.min() >= MIN_COSINE, cosines
+    # Mixed lengths; then queries behind one prompt, computed once in the batch.
+    for texts in (_texts(), _queries()):
+        reduced_alone, reduced_together = _served_alone_and_together(spec, reduced, texts)
+        exact_alone, _ = _served_alone_and_together(spec, exact, texts)
+        for got in (reduced_alone, reduced_together):
+            cosines = (got * exact_alone).sum(axis=1)
+            assert cosines.mean() >= MEAN_COSINE and cosines.min() >= MIN_COSINE, cosines
 
 
 @pytest.fixture(scope="module")
