@@ -143,8 +143,8 @@ def _engine(model: ModelConfig, kind: str, config: dict, reads_unattended_states
     """The engine named, after checking it can serve the model (`engine_refusal`); for
     `engine = "auto"`: on CPUs at float32 or int8, CTranslate2 where it can serve the model,
     else ONNX Runtime where it can, each only if its extra is installed; torch for
-    everything else (GPUs, other dtypes, `compile`): the order in which they served the
-    default model on CPUs at every load (bench/results/engines.md#reading-and-the-cpu-default;
+    everything else (GPUs, other dtypes, `compile`, `TORCH_FIRST_FAMILIES`): the order in
+    which they served the default model on CPUs at every load (bench/results/engines.md#reading-and-the-cpu-default;
     for two towers, bench/results/images.md#onnx-towers). If the chosen engine cannot load
     the model, the inference process falls back to torch."""
     def refusal(engine: str) -> str | None:
@@ -158,7 +158,8 @@ def _engine(model: ModelConfig, kind: str, config: dict, reads_unattended_states
             raise ConfigError(f"model '{model.name}': {why}; use engine = {' or '.join(others)}")
         return model.engine
     on_cpus = all(devices.is_cpu(d) for d in model.devices)
-    if model.compile or not on_cpus or model.dtype not in ("auto", "float32", "int8"):
+    if (model.compile or not on_cpus or model.dtype not in ("auto", "float32", "int8")
+            or config.get("model_type") in TORCH_FIRST_FAMILIES):
         return "torch"
     for engine in ("ctranslate2", "onnx"):
         if refusal(engine) is None and _installed(engine):
@@ -166,6 +167,11 @@ def _engine(model: ModelConfig, kind: str, config: dict, reads_unattended_states
     return "torch"
 
 
+# The families `engine = "auto"` serves on torch, padding-free, where ONNX Runtime could
+# serve them too: the decoder embedders (Qwen3-Embedding, gte-Qwen2), whose export runs
+# every batch padded to its longest input and takes minutes to build at load
+# (bench/results/decoders.md#which-engine-serves-a-decoder).
+TORCH_FIRST_FAMILIES = ("qwen2", "qwen3")
 # What `engine = "auto"` needs installed to pick an engine (the ONNX export needs onnxscript too).
 _EXTRA_MODULES = {"ctranslate2": ("ctranslate2",), "onnx": ("onnxruntime", "onnxscript"),
                   "openvino": ("openvino", "onnxscript")}
