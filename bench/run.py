@@ -449,6 +449,7 @@ def bench_target(
                     duration=args.duration,
                     warmup=args.warmup,
                     encoding_format=args.encoding_format,
+                    timeout=args.request_timeout,
                 )
                 measure = partial(_load_once, args, config, server.pid)
                 measured = least_disturbed(args, measure, _load_noise)
@@ -561,6 +562,8 @@ def _parse_args() -> argparse.Namespace:
     parser.add_argument("--duration", type=float, default=20.0, help="measured seconds per load")
     parser.add_argument("--warmup", type=float, default=3.0, help="discarded seconds per load")
     parser.add_argument("--encoding-format", choices=("float", "base64", "bytes"), default="float")
+    parser.add_argument("--request-timeout", type=float, default=LoadConfig.timeout,
+                        help="per-request limit, seconds (a large model's requests queue for longer)")
     parser.add_argument("--model", default=DEFAULT_MODEL, help="model name sent in requests")
     parser.add_argument("--model-dir", help="model folder for {model_dir} and the ceiling (default: the packaged "
                         "model); e.g. one of bench.base_models")

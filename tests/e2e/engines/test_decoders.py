@@ -2,10 +2,12 @@
 last-token pooling, normalised), in process on the torch engine's padding-free pass
 (`workers.engines.packed_decoder`): parity with sentence-transformers on tiny random
 folders built at test time, each input alone and in a batch of mixed lengths, with and
-without the instruction prompt (a batch of queries behind it computes it once), in float32 and (on CPUs that compute it) bfloat16 within
-the trial's bar; through flash-attn's variable-length attention (a reference of it);
-`dimensions` (Matryoshka) through the whole request path. The pass's token states
-against transformers' own padded forward: tests/e2e/engines/test_engines.py."""
+without the instruction prompt (a batch of queries behind it computes it once), in
+float32 and (on CPUs that compute it) bfloat16 within the trial's bar; through
+flash-attn's variable-length attention (a reference of it); `dimensions` (Matryoshka)
+through the whole request path. The pass's token states against transformers' own
+padded forward: tests/e2e/engines/test_engines.py; which engine `auto` picks:
+tests/fast/test_engine_choice.py."""
 
 from __future__ import annotations
 
