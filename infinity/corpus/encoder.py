@@ -84,6 +84,10 @@ class Encoder:
         `batch_size`, each run while it holds one of `slots` (shared by the caller's other
         work, so that what is in flight stays bounded)."""
         positions = [i for i, value in enumerate(inputs) if value is not None]
+        if medium == "text":
+            # Texts of like length batched together: an engine that pads a batch to its
+            # longest input then computes little padding.
+            positions.sort(key=lambda i: len(inputs[i]))  # type: ignore[arg-type]
         chunks = [positions[i:i + batch_size] for i in range(0, len(positions), batch_size)]
 
         async def batch(chunk: list[int]) -> Encoded:
