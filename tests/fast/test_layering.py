@@ -32,7 +32,10 @@ def _our_imports(path: Path) -> set[str]:
 
 
 def _modules(folder: str) -> list[Path]:
-    return sorted((ROOT / folder).rglob("*.py"))
+    """The project's modules under `folder`; hidden folders (bench/.venv-infinity, the
+    peer's environment) and bench/out hold none."""
+    return sorted(path for path in (ROOT / folder).rglob("*.py")
+                  if not any(part.startswith(".") or part == "out" for part in path.relative_to(ROOT).parts))
 
 
 def _name(path: Path) -> str:
