@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 
 import msgspec
 import numpy as np
+import pyarrow as pa
 import uvloop
 
 from infinity.config import load_one_model
@@ -86,9 +87,10 @@ class Embed:
             raise ValueError(f"dimensions must be between 1 and {info.dim} for this model")
         self.dim: int = info.dim
 
-    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, Any]:
         """`batch` with `embedding` (an (n, dim) array; per row an array or None for
-        multi-vector and sparse models) and `error` (None, or why the row failed)."""
+        multi-vector and sparse models) and `error` (a string column: null, or why the row
+        failed)."""
         if self._column not in batch:
             raise KeyError(f"no column {self._column!r} in the batch (columns: {', '.join(batch)})")
         rows, columns, folder = Rows(), Columns(self._column, self._medium, None), os.getcwd()
@@ -96,8 +98,10 @@ class Embed:
             rows.add(i, None, value, columns, folder)
         encoded = self._call(self._encode(rows))
         failed = {**rows.failed, **encoded.failed}
-        errors = np.array([f"{failed[i][0]}: {failed[i][1]}" if i in failed else None
-                           for i in range(len(rows.inputs))], dtype=object)
+        # Typed string: a numpy object column of None alone would become Arrow's `null` type,
+        # so files of batches without a failed row would not share one schema with the rest.
+        errors = pa.array([f"{failed[i][0]}: {failed[i][1]}" if i in failed else None
+                           for i in range(len(rows.inputs))], pa.string())
         return {**batch, "embedding": self._column_of(encoded, failed), "error": errors}
 
     def stop(self) -> None:
