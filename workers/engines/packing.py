@@ -126,6 +126,9 @@ class Packing:
         """(rows, 3, heads, head_dim) queries, keys and values -> (rows, heads * head_dim):
         each token attends to the real tokens of its sequence; with `window`, only to those
         at most that many positions away (a local-attention layer's)."""
+        if self._varlen is None:
+            # One move to the padded layout for all three (not one each).
+            return self._attend_padded(*self.unpack(qkv).unbind(2), mask=self._mask(window))
         return self.attend_heads(*qkv.unbind(1), window=window)
 
     def attend_heads(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -134,7 +137,7 @@ class Packing:
         values, where `groups` divides `heads` (grouped-query attention: each key-value head
         serves heads // groups query heads in turn)."""
         if self._varlen is None:
-            return self._attend_padded(q, k, v, self._mask(window))
+            return self._attend_padded(self.unpack(q), self.unpack(k), self.unpack(v), mask=self._mask(window))
         side = -1 if window is None else window  # flash-attn's "no limit"
         # Causal: no key after the query (flash-attn's window (-1, 0) is its causal mask).
         return self._varlen(q, k, v, self._bounds, self._bounds, self._longest, self._longest,
@@ -161,8 +164,9 @@ class Packing:
         return self._masks[window]
 
     def _attend_padded(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        n, length = self.keep.shape
-        _, heads, head_dim = q.shape
-        context = F.scaled_dot_product_attention(*(self.unpack(x).transpose(1, 2) for x in (q, k, v)), attn_mask=mask,
-                                                 enable_gqa=k.shape[1] != heads)
+        """SDPA over (n, L, heads or groups, head_dim) padded queries, keys and values ->
+        (rows, heads * head_dim) packed."""
+        n, length, heads, head_dim = q.shape
+        context = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                                 attn_mask=mask, enable_gqa=k.shape[2] != heads)
         return self.to_rows(context.transpose(1, 2).reshape(n * length, heads * head_dim).index_select(0, self.tokens))
