@@ -24,6 +24,10 @@ MODELS_DIR = Path(__file__).resolve().parent / "out" / "models"
 SHAPES = {
     "bert-base": ("bert", {"hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12,
                            "intermediate_size": 3072}),
+    # BERT-large's shape (bge-large-en-v1.5, e5-large-v2, mxbai-embed-large-v1): 335M
+    # parameters, above the size for which engines that run lanes keep a second copy.
+    "bert-large": ("bert", {"hidden_size": 1024, "num_hidden_layers": 24, "num_attention_heads": 16,
+                            "intermediate_size": 4096}),
     # XLM-RoBERTa-base's own vocabulary is 250002 tokens; the WordPiece one is used here, which
     # changes the size of the embedding table, not the work per token. Its pad id is 1, as in
     # the real models: positions count from the pad id, and CTranslate2's conversion follows

@@ -149,9 +149,12 @@ class GraphEngine(abc.ABC):
     single-threaded runs of the text graph at once, a lane each: more sentences/s than one
     run on every thread (bench/results/code-choices.md#figures-behind-the-code-choices);
     one more for the express lane; for small models a copy on every thread for a lone
-    input, kept where it pays (`workers.engines.lanes`). Images run one pass at a time on
-    every thread: as many images/s as a lane per core, and a lone image is not left to one
-    core (bench/results/images.md#onnx-towers).
+    input, kept where it pays (`workers.engines.lanes`). A model too big for that copy
+    runs one pass at a time on every thread instead: its passes are long enough to use
+    them, and a lone input is not left to one core
+    (bench/results/engines.md#big-models-lanes-or-every-thread). Images run one pass
+    at a time on every thread: as many images/s as a lane per core, and a lone image is
+    not left to one core (bench/results/images.md#onnx-towers).
 
     A runtime gives `_compile(graph, device, threads, runs)`: `graph` on `threads` threads
     per run, `runs` of them at once (`express_beside_lanes`: more where it can)."""
@@ -163,12 +166,13 @@ class GraphEngine(abc.ABC):
     express_beside_lanes: bool
 
     def __init__(self, folder: Path, spec: ModelSpec, threads: int, outputs: Mapping[str, RawOutput]) -> None:
-        on_cpu = devices.is_cpu(spec.device)
-        self.lanes = threads if on_cpu else 1
-        self._graph = self._compile(folder / GRAPH, spec.device, 1 if on_cpu else threads, self.lanes)
         two_towers = RawOutput.IMAGE_FEATURES in outputs.values()
+        text_graph = folder / GRAPH if two_towers else folder  # what a copy would copy
+        in_lanes = devices.is_cpu(spec.device) and wants_copy(text_graph, threads)
+        self.lanes = threads if in_lanes else 1
+        self._graph = self._compile(folder / GRAPH, spec.device, 1 if in_lanes else threads, self.lanes)
         self._vision = self._compile(folder / VISION_GRAPH, spec.device, threads, 1) if two_towers else None
-        copies = wants_copy(folder / GRAPH if two_towers else folder, self.lanes)
+        copies = wants_copy(text_graph, self.lanes)
         self._wide = self._compile(folder / GRAPH, spec.device, threads, 1) if copies else None
         express_copy = copies and not self.express_beside_lanes
         self._express = self._compile(folder / GRAPH, spec.device, 1, 1) if express_copy else None
