@@ -11,7 +11,6 @@ Usage: .venv/bin/python -m bench.graph_layouts --engine openvino:bfloat16 --mode
 from __future__ import annotations
 
 import argparse
-import importlib
 import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -23,7 +22,8 @@ from bench.replay import pad_batch
 from infinity.config import ModelConfig
 from infinity.folders.resolve import resolve_model
 from infinity.shared.kinds import KINDS
-from workers.engines.onnx_graphs import GRAPH, CompiledGraph
+from workers.engines import onnx_engine
+from workers.engines.onnx_graphs import GRAPH, CompiledGraph, exported_graphs
 from workers.inference.corpus import sentences
 
 LONE_TEXTS = 40
@@ -41,8 +41,9 @@ def main() -> None:
     engine = model.engine
     name, dtype = args.engine.split(":")
     spec = resolve_model(ModelConfig(name="default", engine=name, dtype=dtype, source=args.model))
-    # The cached export the engine just loaded.
-    folder, _ = importlib.import_module(f"workers.engines.{name}_engine").exported_model(spec, KINDS[spec.kind].outputs)
+    # The cached graphs the engine just loaded: ONNX Runtime's optimised ones, OpenVINO's as exported.
+    outputs = KINDS[spec.kind].outputs
+    folder = onnx_engine.exported_model(spec, outputs)[0] if name == "onnx" else exported_graphs(spec, outputs)
     corpus = sorted((np.array(e.ids) for e in tokenizer.encode_batch(sentences(args.texts, 0))), key=len)
     batches = [pad_batch(corpus[i:i + 32]) for i in range(0, len(corpus), 32)]
     lone = [pad_batch([np.array(tokenizer.encode(text).ids)]) for text in sentences(LONE_TEXTS, 0)]

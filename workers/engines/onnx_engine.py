@@ -27,36 +27,38 @@ from infinity.shared.kinds import RawOutput, dtype_refusal
 from infinity.shared.protocol import ModelSpec
 from workers.engines.artifacts import cached_build
 from workers.engines.base import model_config
-from workers.engines.onnx_graphs import (GRAPH, VISION_GRAPH, CompiledGraph, GraphEngine, export_graphs,
-                                         export_settings, quiet_logging)
+from workers.engines.onnx_graphs import (GRAPH, VISION_GRAPH, CompiledGraph, GraphEngine, exported_graphs,
+                                         has_vision_tower, quiet_logging, weights_beside)
 
 log = logging.getLogger(__name__)
 
 
 def exported_model(spec: ModelSpec, outputs: Mapping[str, RawOutput]) -> tuple[Path, bool]:
-    """The folder holding `spec`'s graph (`GRAPH`), exporting it if no cached one matches;
-    returns (folder, whether it was exported now)."""
+    """The folder holding `spec`'s graphs optimised for ONNX Runtime in its dtype, built
+    from the model's export (`exported_graphs`, shared with other dtypes and engines) if no
+    cached one matches; returns (folder, whether it was built now)."""
     import onnxruntime
+    from transformers import AutoConfig
 
-    def export(staging: Path) -> None:
-        exported = staging / "exported"
+    exported = exported_graphs(spec, outputs)
+
+    def build(staging: Path) -> None:
+        two_towers, external = has_vision_tower(exported), weights_beside(exported)
         with quiet_logging():
-            graphs = export_graphs(spec, outputs, exported)
-            _optimise(spec, graphs.config, exported / GRAPH, staging / GRAPH, graphs.external,
-                      fuse=not graphs.two_towers)
-            if graphs.two_towers:
-                _optimise(spec, None, exported / VISION_GRAPH, staging / VISION_GRAPH, graphs.external, fuse=False)
-        shutil.rmtree(exported)
-        log.info("exported %s to ONNX (%s)", spec.name, spec.dtype)
+            config = None if two_towers else AutoConfig.from_pretrained(spec.path)
+            _optimise(spec, config, exported / GRAPH, staging / GRAPH, external, fuse=not two_towers)
+            if two_towers:
+                _optimise(spec, None, exported / VISION_GRAPH, staging / VISION_GRAPH, external, fuse=False)
+        log.info("optimised %s for ONNX Runtime (%s)", spec.name, spec.dtype)
 
     return cached_build("onnx", Path(spec.path), {
-        **export_settings(outputs), "dtype": spec.dtype, "onnxruntime": onnxruntime.__version__}, export)
+        "export": exported.name, "dtype": spec.dtype, "onnxruntime": onnxruntime.__version__}, build)
 
 
 def _optimise(spec: ModelSpec, config: object, exported: Path, path: Path, external: bool, fuse: bool = True) -> None:
     """Fuse layer norms and GELUs with onnxruntime's transformer optimiser (`fuse`), then
-    convert `exported` to the requested dtype into `path` (intermediate graphs go beside
-    `exported`). Two-tower models are not fused: the BERT fusions
+    convert `exported` to the requested dtype into `path` (an intermediate graph goes in a
+    folder beside `path`, removed after). Two-tower models are not fused: the BERT fusions
     moved SigLIP's vectors by 1e-4 and made CLIP's towers no faster
     (bench/results/images.md#onnx-towers)."""
     import onnx
@@ -80,10 +82,14 @@ def _optimise(spec: ModelSpec, config: object, exported: Path, path: Path, exter
     producers = {out: node for node in graph.model.graph.node for out in node.output}
     after_gelu = [node.name for node in graph.model.graph.node if node.op_type == "MatMul"
                   and "Gelu" in getattr(producers.get(node.input[0]), "op_type", "")]
-    fused = exported.with_name("fused.onnx")
-    graph.save_model_to_file(str(fused), use_external_data_format=external)
-    quantize_dynamic(str(fused), str(path), weight_type=QuantType.QInt8, per_channel=True,
-                     nodes_to_exclude=after_gelu, use_external_data_format=external)
+    fused = path.parent / f".fused-{path.stem}" / path.name
+    fused.parent.mkdir()
+    try:
+        graph.save_model_to_file(str(fused), use_external_data_format=external)
+        quantize_dynamic(str(fused), str(path), weight_type=QuantType.QInt8, per_channel=True,
+                         nodes_to_exclude=after_gelu, use_external_data_format=external)
+    finally:
+        shutil.rmtree(fused.parent)
 
 
 def providers(device: str) -> list:

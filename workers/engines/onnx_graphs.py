@@ -2,13 +2,13 @@
 optimises the graphs for its sessions, and OpenVINO, which compiles them): the export, and
 how its graphs run in lanes.
 
-`export_graphs` writes, with torch's own exporter (`torch.export` based, dynamic batch and
-sequence axes; no optimum needed), the text graph (`GRAPH`: ids, mask and, where the model
-takes them, token segments -> the raw output asked for text) and, for a two-tower model,
-its vision tower (`VISION_GRAPH`: pixel values -> its projected pooled output), in
-float32. `export_settings` is what those graphs depend on, for an engine's cache key
-(`workers.engines.artifacts`). `GraphEngine` runs a folder of them as the `Engine`
-protocol asks, through a runtime's `CompiledGraph`s.
+`exported_graphs` gives the folder of the model's graphs as torch's own exporter
+(`torch.export` based, dynamic batch and sequence axes; no optimum needed) writes them:
+the text graph (`GRAPH`: ids, mask and, where the model takes them, token segments -> the
+raw output asked for text) and, for a two-tower model, its vision tower (`VISION_GRAPH`:
+pixel values -> its projected pooled output), in float32. One export, cached, serves
+every engine that starts from it and every dtype they build. `GraphEngine` runs a folder
+of graphs as the `Engine` protocol asks, through a runtime's `CompiledGraph`s.
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ import inspect
 import logging
 import warnings
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
@@ -29,8 +28,11 @@ import torch
 from infinity.shared import devices
 from infinity.shared.kinds import TEXT, RawOutput
 from infinity.shared.protocol import ModelSpec
+from workers.engines.artifacts import cached_build
 from workers.engines.base import auto_class, model_output, pad_id
 from workers.engines.lanes import settle_wide_copy, wants_copy
+
+log = logging.getLogger(__name__)
 
 GRAPH = "model.onnx"
 VISION_GRAPH = "vision.onnx"  # a two-tower model's vision tower, beside its text tower in GRAPH
@@ -38,22 +40,32 @@ VISION_GRAPH = "vision.onnx"  # a two-tower model's vision tower, beside its tex
 _EXTERNAL_DATA_BYTES = 1 << 30
 
 
-@dataclass(frozen=True)
-class ExportedGraphs:
-    """What `export_graphs` wrote, as a tool that rewrites the graphs needs to know it."""
-
-    config: object  # the transformers config of the exported model (its head count, hidden size)
-    external: bool  # the weights lie beside the graphs, not in them (`_EXTERNAL_DATA_BYTES`)
-    two_towers: bool  # a vision tower was exported too (`VISION_GRAPH`)
-
-
-def export_settings(outputs: Mapping[str, RawOutput]) -> dict[str, str]:
-    """What the exported graphs of a model giving `outputs` depend on besides its files."""
+def exported_graphs(spec: ModelSpec, outputs: Mapping[str, RawOutput]) -> Path:
+    """The folder holding `spec`'s graphs giving `outputs`, exported if no cached ones match
+    (the model's files, the output, the library versions: `workers.engines.artifacts`)."""
     import onnx
     import transformers
 
-    return {"output": str(outputs[TEXT]), "torch": torch.__version__, "transformers": transformers.__version__,
-            "onnx": onnx.__version__}
+    def export(staging: Path) -> None:
+        with quiet_logging():
+            _export_graphs(spec, outputs, staging)
+        log.info("exported %s to ONNX", spec.name)
+
+    settings = {"output": str(outputs[TEXT]), "torch": torch.__version__, "transformers": transformers.__version__,
+                "onnx": onnx.__version__}
+    folder, _ = cached_build("onnx-export", Path(spec.path), settings, export)
+    return folder
+
+
+def has_vision_tower(folder: Path) -> bool:
+    """Whether the graphs in `folder` are a two-tower model's (`VISION_GRAPH` beside `GRAPH`)."""
+    return (folder / VISION_GRAPH).is_file()
+
+
+def weights_beside(folder: Path) -> bool:
+    """Whether the graphs in `folder` keep their weights in files of their own (a model
+    above ONNX's 2 GB protobuf limit), which a rewritten graph must do too."""
+    return any(path.suffix != ".onnx" for path in folder.iterdir())
 
 
 @contextlib.contextmanager
@@ -97,7 +109,7 @@ def _takes_token_types(model: torch.nn.Module) -> bool:
     return "token_type_ids" in inspect.signature(model.forward).parameters
 
 
-def export_graphs(spec: ModelSpec, outputs: Mapping[str, RawOutput], folder: Path) -> ExportedGraphs:
+def _export_graphs(spec: ModelSpec, outputs: Mapping[str, RawOutput], folder: Path) -> None:
     """Write `spec`'s model giving `outputs` into `folder` as `GRAPH` (and, for a two-tower
     model, `VISION_GRAPH`), float32 with dynamic batch and sequence axes."""
     output = outputs[TEXT]
@@ -123,7 +135,6 @@ def export_graphs(spec: ModelSpec, outputs: Mapping[str, RawOutput], folder: Pat
         pixels = torch.zeros((2, int(getattr(vision, "num_channels", 3)), side, side))
         _export(_Vision(model), (pixels,), folder / VISION_GRAPH, ["pixel_values"], {"pixel_values": {0: batch}},
                 external)
-    return ExportedGraphs(model.config, external, two_towers)
 
 
 def _export(module: torch.nn.Module, sample: tuple[torch.Tensor, ...], path: Path, names: list[str],

@@ -3,8 +3,8 @@ rerankers, classifiers, sparse (masked-language-model) encoders and two-tower
 (image-text) models.
 
 On first use the transformers model is exported with torch's ONNX exporter
-(`workers.engines.onnx_graphs`, the same graphs the ONNX Runtime engine starts from; not
-its fused ones, whose ONNX Runtime operators are its own) and cached (see `artifacts`);
+(`workers.engines.onnx_graphs`: one cached export, which the ONNX Runtime engine starts
+from too; not its fused graphs, whose ONNX Runtime operators are its own);
 each start compiles the cached graphs with `openvino.Core` for the CPU, with dynamic
 batch and sequence axes, and runs them in lanes as `GraphEngine` does.
 
@@ -16,7 +16,6 @@ exported (int64 ids, float32 outputs).
 
 from __future__ import annotations
 
-import logging
 import threading
 from collections.abc import Mapping
 from pathlib import Path
@@ -27,26 +26,10 @@ import numpy as np
 from infinity.shared import devices
 from infinity.shared.kinds import RawOutput, dtype_refusal
 from infinity.shared.protocol import ModelSpec
-from workers.engines.artifacts import cached_build
-from workers.engines.onnx_graphs import CompiledGraph, GraphEngine, export_graphs, export_settings, quiet_logging
+from workers.engines.onnx_graphs import CompiledGraph, GraphEngine, exported_graphs
 
 if TYPE_CHECKING:
     import openvino
-
-log = logging.getLogger(__name__)
-
-
-def exported_model(spec: ModelSpec, outputs: Mapping[str, RawOutput]) -> tuple[Path, bool]:
-    """The folder holding `spec`'s exported graphs, exporting them if no cached ones match;
-    returns (folder, whether they were exported now). One export serves every dtype: the
-    precision is chosen when the graphs are compiled."""
-    def export(staging: Path) -> None:
-        with quiet_logging():
-            export_graphs(spec, outputs, staging)
-        log.info("exported %s to ONNX for OpenVINO", spec.name)
-
-    return cached_build("openvino", Path(spec.path), export_settings(outputs), export)
-
 
 class _Compiled:
     """A graph compiled by OpenVINO for `runs` passes at once (a stream each) on `threads`
@@ -97,7 +80,7 @@ class OpenVinoEngine(GraphEngine):
                              "amx_bf16), which this one does not; use dtype = \"float32\"")
         self._core = openvino.Core()
         self._precision = spec.dtype
-        folder, _ = exported_model(spec, outputs)
+        folder = exported_graphs(spec, outputs)
         super().__init__(folder, spec, threads, outputs)
 
     def _compile(self, graph: Path, device: str, threads: int, runs: int) -> CompiledGraph:

@@ -1,6 +1,7 @@
 """The engines that convert the transformers model (ONNX Runtime, CTranslate2, OpenVINO):
 parity with sentence-transformers on the default model (float32 and int8) and with
-CrossEncoder on a reranker, the converted model cached and reused on the next start;
+CrossEncoder on a reranker, the converted model cached and reused on the next start (ONNX
+Runtime's dtypes built from one export per model);
 OpenVINO in process against the torch engine on the default model (float32, and bfloat16
 on CPUs that compute it natively); clear refusals. Every family and kind against the torch
 engine: tests/e2e/engines/test_engines.py."""
@@ -22,8 +23,8 @@ from workers.engines.base import pad_id
 from workers.heads import load_model
 from workers.inference import precision
 
-# engine -> (module it needs, what its log says once per conversion)
-ENGINES = {"onnx": ("onnxruntime", "to ONNX"), "ctranslate2": ("ctranslate2", "to CTranslate2")}
+# engine -> (module it needs, what its log says once per conversion of a model to a dtype)
+ENGINES = {"onnx": ("onnxruntime", "for ONNX Runtime ("), "ctranslate2": ("ctranslate2", "to CTranslate2")}
 
 
 def _require(engine: str) -> None:
@@ -58,6 +59,8 @@ engine = "{engine}"
     first = start_server(config=config, env=env)
     converted = ENGINES[engine][1]
     assert first.log_text().count(converted) == 3  # one conversion per model and dtype
+    if engine == "onnx":
+        assert first.log_text().count("to ONNX") == 2  # one export per model: int8 is built from float32's
     replicas = [r for model in first.get("/v1/models").json()["data"] for r in model["replicas"]]
     assert [r["engine"] for r in replicas] == [engine] * 3
     texts = sentences[:80]
@@ -72,7 +75,7 @@ engine = "{engine}"
     first.stop()
 
     second = start_server(config=config, env=env)
-    assert converted not in second.log_text()  # reused, not converted again
+    assert converted not in second.log_text() and "to ONNX" not in second.log_text()  # reused, not converted again
     assert cosine(_served(second, "float32", texts[:1])[0], reference_vectors[0]) >= 0.9999
 
 
