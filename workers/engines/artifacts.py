@@ -11,6 +11,7 @@ go to a staging folder renamed into place, so a crash never leaves a half-writte
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import json
 import os
 import shutil
@@ -19,6 +20,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 from infinity.shared.folders import cache_dir
+
+
+def versions(*packages: str) -> dict[str, str]:
+    """The installed versions of `packages`, for a build's settings: read from their
+    metadata, not imported (importing transformers alone takes a second of a start that
+    finds its build cached)."""
+    return {package: importlib.metadata.version(package) for package in packages}
 
 
 def fingerprint(source: Path, settings: dict[str, str]) -> str:

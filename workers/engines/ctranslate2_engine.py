@@ -20,7 +20,7 @@ from infinity.shared import devices
 from infinity.shared.folders import engine_refusal
 from infinity.shared.kinds import TEXT, RawOutput
 from infinity.shared.protocol import ModelSpec
-from workers.engines.artifacts import cached_build
+from workers.engines.artifacts import cached_build, versions
 from workers.engines.base import pad_id
 from workers.engines.lanes import settle_wide_copy, wants_copy
 
@@ -33,9 +33,6 @@ COMPUTE_TYPES = {"float32": "float32", "float16": "float16", "int8": "int8", "in
 def converted_model(spec: ModelSpec) -> tuple[Path, bool]:
     """The CTranslate2 folder of `spec`, converting it if no cached one matches; returns
     (folder, whether it was converted now)."""
-    import ctranslate2
-    import transformers
-
     def convert(staging: Path) -> None:
         from ctranslate2.converters import TransformersConverter
 
@@ -45,10 +42,7 @@ def converted_model(spec: ModelSpec) -> tuple[Path, bool]:
         log.info("converted %s to CTranslate2 (%s)", spec.name, spec.dtype)
 
     return cached_build("ctranslate2", Path(spec.path), {
-        "quantization": COMPUTE_TYPES[spec.dtype],
-        "ctranslate2": ctranslate2.__version__,
-        "transformers": transformers.__version__,
-    }, convert)
+        "quantization": COMPUTE_TYPES[spec.dtype], **versions("ctranslate2", "transformers")}, convert)
 
 
 @contextlib.contextmanager

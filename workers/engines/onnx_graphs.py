@@ -28,7 +28,7 @@ import torch
 from infinity.shared import devices
 from infinity.shared.kinds import TEXT, RawOutput
 from infinity.shared.protocol import ModelSpec
-from workers.engines.artifacts import cached_build
+from workers.engines.artifacts import cached_build, versions
 from workers.engines.base import auto_class, model_output, pad_id
 from workers.engines.lanes import settle_wide_copy, wants_copy
 
@@ -43,16 +43,12 @@ _EXTERNAL_DATA_BYTES = 1 << 30
 def exported_graphs(spec: ModelSpec, outputs: Mapping[str, RawOutput]) -> Path:
     """The folder holding `spec`'s graphs giving `outputs`, exported if no cached ones match
     (the model's files, the output, the library versions: `workers.engines.artifacts`)."""
-    import onnx
-    import transformers
-
     def export(staging: Path) -> None:
         with quiet_logging():
             _export_graphs(spec, outputs, staging)
         log.info("exported %s to ONNX", spec.name)
 
-    settings = {"output": str(outputs[TEXT]), "torch": torch.__version__, "transformers": transformers.__version__,
-                "onnx": onnx.__version__}
+    settings = {"output": str(outputs[TEXT]), **versions("torch", "transformers", "onnx")}
     folder, _ = cached_build("onnx-export", Path(spec.path), settings, export)
     return folder
 
