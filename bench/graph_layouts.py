@@ -23,7 +23,7 @@ from infinity.config import ModelConfig
 from infinity.folders.resolve import resolve_model
 from infinity.shared.kinds import KINDS
 from workers.engines import onnx_engine
-from workers.engines.onnx_graphs import GRAPH, CompiledGraph, exported_graphs
+from workers.engines.onnx_graphs import GRAPH, exported_graphs, run_text_graph
 from workers.inference.corpus import sentences
 
 LONE_TEXTS = 40
@@ -43,7 +43,7 @@ def main() -> None:
     spec = resolve_model(ModelConfig(name="default", engine=name, dtype=dtype, source=args.model))
     # The cached graphs the engine just loaded: ONNX Runtime's optimised ones, OpenVINO's as exported.
     outputs = KINDS[spec.kind].outputs
-    folder = onnx_engine.exported_model(spec, outputs)[0] if name == "onnx" else exported_graphs(spec, outputs)
+    folder = onnx_engine.exported_model(spec, outputs) if name == "onnx" else exported_graphs(spec, outputs)
     corpus = sorted((np.array(e.ids) for e in tokenizer.encode_batch(sentences(args.texts, 0))), key=len)
     batches = [pad_batch(corpus[i:i + 32]) for i in range(0, len(corpus), 32)]
     lone = [pad_batch([np.array(tokenizer.encode(text).ids)]) for text in sentences(LONE_TEXTS, 0)]
@@ -51,22 +51,17 @@ def main() -> None:
     for layout, threads, runs in (("lanes", 1, args.threads), ("every thread", args.threads, 1)):
         graph = engine._compile(folder / GRAPH, "cpu", threads, runs)
         for batch in batches[::4]:  # warm-up over the range of lengths
-            _run(graph, batch)
+            run_text_graph(graph, *batch)
         start = time.perf_counter()
         with ThreadPoolExecutor(runs) as pool:
-            list(pool.map(lambda batch: _run(graph, batch), batches))
+            list(pool.map(lambda batch: run_text_graph(graph, *batch), batches))
         per_s = len(corpus) / (time.perf_counter() - start)
         seconds = []
         for batch in lone:
             start = time.perf_counter()
-            _run(graph, batch)
+            run_text_graph(graph, *batch)
             seconds.append(time.perf_counter() - start)
         print(f"| {args.engine} | {layout} | {per_s:.2f} | {statistics.median(seconds) * 1e3:.1f} |", flush=True)
-
-
-def _run(graph: CompiledGraph, batch: tuple[np.ndarray, ...]) -> np.ndarray:
-    given = dict(zip(("input_ids", "attention_mask", "token_type_ids"), batch))
-    return graph({name: given[name] for name in graph.input_names})
 
 
 if __name__ == "__main__":

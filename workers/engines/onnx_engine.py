@@ -33,10 +33,10 @@ from workers.engines.onnx_graphs import (GRAPH, VISION_GRAPH, CompiledGraph, Gra
 log = logging.getLogger(__name__)
 
 
-def exported_model(spec: ModelSpec, outputs: Mapping[str, RawOutput]) -> tuple[Path, bool]:
+def exported_model(spec: ModelSpec, outputs: Mapping[str, RawOutput]) -> Path:
     """The folder holding `spec`'s graphs optimised for ONNX Runtime in its dtype, built
     from the model's export (`exported_graphs`, shared with other dtypes and engines) if no
-    cached one matches; returns (folder, whether it was built now)."""
+    cached one matches."""
     import onnxruntime
     from transformers import AutoConfig
 
@@ -51,8 +51,9 @@ def exported_model(spec: ModelSpec, outputs: Mapping[str, RawOutput]) -> tuple[P
                 _optimise(spec, None, exported / VISION_GRAPH, staging / VISION_GRAPH, external, fuse=False)
         log.info("optimised %s for ONNX Runtime (%s)", spec.name, spec.dtype)
 
-    return cached_build("onnx", Path(spec.path), {
+    folder, _ = cached_build("onnx", Path(spec.path), {
         "export": exported.name, "dtype": spec.dtype, "onnxruntime": onnxruntime.__version__}, build)
+    return folder
 
 
 def _optimise(spec: ModelSpec, config: object, exported: Path, path: Path, external: bool, fuse: bool = True) -> None:
@@ -148,7 +149,7 @@ class OnnxEngine(GraphEngine):
             raise ValueError(refused)
         if spec.dtype == "float16" and devices.is_cpu(spec.device):
             raise ValueError("the onnx engine runs float16 on CUDA only; use float32 or int8 on the CPU")
-        folder, _ = exported_model(spec, outputs)
+        folder = exported_model(spec, outputs)
         super().__init__(folder, spec, threads, outputs)
 
     def _compile(self, graph: Path, device: str, threads: int, runs: int) -> CompiledGraph:

@@ -151,6 +151,14 @@ class CompiledGraph(Protocol):
         ...
 
 
+def run_text_graph(graph: CompiledGraph, input_ids: np.ndarray, attention_mask: np.ndarray,
+                   token_type_ids: np.ndarray) -> np.ndarray:
+    """`graph`'s output for a padded batch, given the inputs it takes (a model may take no
+    token segments)."""
+    given = {"input_ids": input_ids, "attention_mask": attention_mask, "token_type_ids": token_type_ids}
+    return graph({name: given[name] for name in graph.input_names})
+
+
 class GraphEngine(abc.ABC):
     """An engine running the graphs `export_graphs` wrote into a folder. On the CPU,
     single-threaded runs of the text graph at once, a lane each: more sentences/s than one
@@ -174,14 +182,14 @@ class GraphEngine(abc.ABC):
 
     def __init__(self, folder: Path, spec: ModelSpec, threads: int, outputs: Mapping[str, RawOutput]) -> None:
         two_towers = RawOutput.IMAGE_FEATURES in outputs.values()
-        text_graph = folder / GRAPH if two_towers else folder  # what a copy would copy
-        in_lanes = devices.is_cpu(spec.device) and wants_copy(text_graph, threads)
+        # Lanes, with copies for wide passes and the express lane, where the text graph is
+        # small enough to copy; else one pass at a time on every thread.
+        in_lanes = devices.is_cpu(spec.device) and wants_copy(folder / GRAPH if two_towers else folder, threads)
         self.lanes = threads if in_lanes else 1
         self._graph = self._compile(folder / GRAPH, spec.device, 1 if in_lanes else threads, self.lanes)
         self._vision = self._compile(folder / VISION_GRAPH, spec.device, threads, 1) if two_towers else None
-        copies = wants_copy(text_graph, self.lanes)
-        self._wide = self._compile(folder / GRAPH, spec.device, threads, 1) if copies else None
-        express_copy = copies and not self.express_beside_lanes
+        self._wide = self._compile(folder / GRAPH, spec.device, threads, 1) if in_lanes else None
+        express_copy = in_lanes and not self.express_beside_lanes
         self._express = self._compile(folder / GRAPH, spec.device, 1, 1) if express_copy else None
         self.express = self.lanes > 1 and (self.express_beside_lanes or express_copy)
         self.pad_id = pad_id(spec)
@@ -193,10 +201,9 @@ class GraphEngine(abc.ABC):
     @torch.inference_mode()
     def forward(self, input_ids: np.ndarray, attention_mask: np.ndarray,
                 token_type_ids: np.ndarray, wide: bool = False, express: bool = False) -> torch.Tensor:
-        given = {"input_ids": input_ids, "attention_mask": attention_mask, "token_type_ids": token_type_ids}
         graph = (self._wide if wide and self._wide is not None
                  else self._express if express and self._express is not None else self._graph)
-        return torch.from_numpy(graph({name: given[name] for name in graph.input_names}))
+        return torch.from_numpy(run_text_graph(graph, input_ids, attention_mask, token_type_ids))
 
     @torch.inference_mode()
     def forward_media(self, arrays: Mapping[str, np.ndarray]) -> torch.Tensor:
