@@ -7,6 +7,7 @@ on CPUs that compute it natively); clear refusals. Every family and kind against
 engine: tests/e2e/engines/test_engines.py."""
 
 import importlib.util
+import logging
 
 import msgspec
 import numpy as np
@@ -39,7 +40,8 @@ def _served(server, model, texts):
 
 
 @pytest.mark.parametrize("engine", sorted(ENGINES))
-def test_parity_and_conversion_cached_across_restarts(start_server, tmp_path, sentences, reference_vectors, engine):
+def test_parity_and_conversion_cached_across_restarts(start_server, tmp_path, monkeypatch, caplog, sentences,
+                                                     reference_vectors, engine):
     _require(engine)
     reranker = save_tiny_cross_encoder(tmp_path / "reranker")
     config = f"""
@@ -74,9 +76,17 @@ engine = "{engine}"
     assert_reranks_like_cross_encoder(first, "reranker", reranker)
     first.stop()
 
-    second = start_server(config=config, env=env)
-    assert converted not in second.log_text() and "to ONNX" not in second.log_text()  # reused, not converted again
-    assert cosine(_served(second, "float32", texts[:1])[0], reference_vectors[0]) >= 0.9999
+    # The next start: each model loaded as an inference process loads it, from the cache.
+    monkeypatch.setenv("INFINITY_CACHE_DIR", env["INFINITY_CACHE_DIR"])
+    caplog.set_level(logging.INFO)
+    specs = {name: resolve_model(ModelConfig(name=name, engine=engine, **fields))
+             for name, fields in [("float32", {}), ("int8", {"dtype": "int8"}), ("reranker", {"source": str(reranker)})]}
+    models = {name: load_model(spec, threads=1) for name, spec in specs.items()}
+    assert [model.engine.name for model in models.values()] == [engine] * 3
+    assert converted not in caplog.text and "to ONNX" not in caplog.text  # reused, not converted again
+    lone = precision.text_inputs(specs["float32"], pad_id(specs["float32"]), texts[:1], batch=1, lones=1)
+    again = lone.batches[0](models["float32"])
+    assert cosine(np.asarray(again)[0], reference_vectors[0]) >= 0.9999
 
 
 @pytest.mark.parametrize(("engine", "dtype", "message"), [
