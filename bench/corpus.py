@@ -10,7 +10,8 @@ each in a process of its own, one after the other:
   and sorted by length within each 1,024 texts (as sentence-transformers' `encode` does),
   one batch at a time on all threads, or a batch per lane at once (the engine's lanes);
 - embed: `python -m infinity embed FILE OUT --quiet`, from start to summary (its own
-  rows/s, which leave out the model's start, and the wall time);
+  rows/s, which leave out the model's start, the wall time, and the cores each of its
+  processes kept busy over it);
 - server: `python -m infinity serve` and 8 clients each sending 32 texts of the file per
   request over HTTP (aiohttp) until every row is embedded;
 - sentence-transformers: read the file, `encode(texts, batch_size=32)`, write Parquet
@@ -36,12 +37,14 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 
+from bench import cpu
 from workers.inference.corpus import sentences
 
 OUT = Path(__file__).parent / "out" / "corpus"
@@ -106,10 +109,16 @@ def embed(path: Path, model: str | None) -> dict:
     command = [sys.executable, "-m", "infinity", "embed", str(path), str(out), "--quiet"]
     if model:
         command += ["--model", model]
-    start = time.perf_counter()
-    done = subprocess.run(command, capture_output=True, text=True, check=True)
-    wall = time.perf_counter() - start
-    summary = done.stderr.strip().splitlines()[-1]
+    with tempfile.TemporaryFile("w+") as log:
+        start = time.perf_counter()
+        job = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=log, text=True, start_new_session=True)
+        used = _cpu_while_running(job)
+        wall = time.perf_counter() - start
+        log.seek(0)
+        lines = log.read().strip().splitlines()
+    if job.returncode:
+        raise RuntimeError("\n".join(lines[-30:]))
+    summary = lines[-1]
     rate = float(summary.split(" rows/s")[0].rsplit(" ", 1)[1])
     manifest = json.loads((out / "manifest.json").read_text())
     import pyarrow.parquet as pq
@@ -119,7 +128,21 @@ def embed(path: Path, model: str | None) -> dict:
     rows = manifest["rows"]
     return {"rows_per_s": rate, "wall_s": wall, "rows": rows, "tokens": int(tokens),
             "engine": manifest["job"]["model"]["engine"], "dtype": manifest["job"]["model"]["dtype"],
-            "summary": summary}
+            "summary": summary, "cores_busy": {name: round(seconds / wall, 2) for name, seconds in used.items()}}
+
+
+def _cpu_while_running(job: subprocess.Popen) -> dict[str, float]:
+    """CPU seconds of each process of `job`'s group, by command name (the job's children
+    name themselves: `tokenizer-0`, `inference-cpu`), sampled once a second until it ends
+    (a process's last second before it exits is not seen; a sample costs a few ms)."""
+    last: dict[int, tuple[str, int]] = {}
+    while job.poll() is None:
+        last.update(cpu.own_ticks_by_pid(job.pid))
+        time.sleep(1.0)
+    used: dict[str, float] = {}
+    for name, ticks in last.values():
+        used[name] = used.get(name, 0.0) + ticks / os.sysconf("SC_CLK_TCK")
+    return dict(sorted(used.items()))
 
 
 def server(path: Path, model: str | None) -> dict:
@@ -232,7 +255,7 @@ def main() -> None:
     path = corpus_file(args.rows)
     figures = {"embed": _child("embed", str(path), args.model)}
     engine, dtype = figures["embed"]["engine"], figures["embed"]["dtype"]
-    print(f"embed: {figures['embed']['summary']}", flush=True)
+    print(f"embed: {figures['embed']['summary']}; cores busy: {figures['embed']['cores_busy']}", flush=True)
     wanted = [n for n in ("ceiling", "server", "st") if n not in args.skip] + (["ray"] if args.ray else [])
     for name in wanted:
         extra = (engine, dtype, args.threads, args.ceiling_rows) if name == "ceiling" else ()

@@ -77,6 +77,22 @@ def ticks_by_name(pgid: int) -> dict[str, int]:
     return ticks
 
 
+def own_ticks_by_pid(pgid: int) -> dict[int, tuple[str, int]]:
+    """pid -> (command name, utime+stime) of each process of group ``pgid``: its own ticks
+    only, so that a parent that has waited for its children does not count theirs again."""
+    ticks = {}
+    for entry in _PROC.iterdir():
+        if entry.name.isdigit():
+            try:
+                name = (entry / "comm").read_text().strip()
+                rest = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except (OSError, IndexError):
+                continue
+            if int(rest[2]) == pgid:
+                ticks[int(entry.name)] = (name, int(rest[11]) + int(rest[12]))
+    return ticks
+
+
 def microseconds_per_request(before: dict[str, int], after: dict[str, int], requests: int) -> dict[str, float]:
     """CPU microseconds each name used per request between two `ticks_by_name`."""
     if requests <= 0:
