@@ -6,7 +6,7 @@ columns as Parquet files under OUTPUT. A row that cannot be embedded gets its re
 
 Locally (Ray started in this process):
 
-    python examples/ray_embed.py corpus/ embedded/ --concurrency 2 --batch-size 256
+    python examples/ray_embed.py corpus/ embedded/ --concurrency 2 --batch-size 1024
 
 On a cluster (INPUT and OUTPUT on storage every node reaches: s3://, gs://, a shared mount):
 
@@ -35,11 +35,14 @@ import ray.data
 from infinity.ray import Embed
 
 BATCHES_PER_ACTOR = 4
+# An actor sorts each batch's texts by length before the model batches them: the larger the
+# batch, the less padding (bench/results/corpus.md#ray-data-one-actor).
+BATCH_SIZE = 1024
 ROWS_PER_FILE = 4096
 
 
 def embed_parquet(input: str, output: str, *, model: str | None = None, config: str | None = None,
-                  column: str = "text", concurrency: int = 1, batch_size: int = 256, num_gpus: float = 0,
+                  column: str = "text", concurrency: int = 1, batch_size: int = BATCH_SIZE, num_gpus: float = 0,
                   num_cpus: float | None = None, checkpoint: str | None = None, id_column: str = "id",
                   rows_per_file: int = ROWS_PER_FILE) -> None:
     """Read `input`, embed column `column` of every row, write Parquet files under `output`.
@@ -74,7 +77,8 @@ def main() -> None:
     parser.add_argument("--config", help="models.toml (its [server] and [[models]] apply)")
     parser.add_argument("--column", default="text", help="the column of texts (default text)")
     parser.add_argument("--concurrency", type=int, default=1, help="actors, each with its own model (default 1)")
-    parser.add_argument("--batch-size", type=int, default=256, help="rows per batch given to an actor (default 256)")
+    parser.add_argument("--batch-size", type=int, default=BATCH_SIZE,
+                        help=f"rows per batch given to an actor (default {BATCH_SIZE})")
     parser.add_argument("--num-gpus", type=float, default=0, help="GPUs per actor (default 0: CPU)")
     parser.add_argument("--num-cpus", type=float, help="CPUs per actor (default: Ray's)")
     parser.add_argument("--checkpoint", help="resume with Ray Data checkpointing, kept at this path")

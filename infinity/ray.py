@@ -5,7 +5,7 @@ private event loop in a background thread; each batch adds an `embedding` column
 `error` column (None where the row embedded), so a bad row never stops the job.
 
     ds.map_batches(Embed, fn_constructor_kwargs={"model": "BAAI/bge-small-en-v1.5"},
-                   compute=ray.data.ActorPoolStrategy(size=2), num_gpus=1, batch_size=256)
+                   compute=ray.data.ActorPoolStrategy(size=2), num_gpus=1, batch_size=1024)
 """
 
 from __future__ import annotations
