@@ -17,7 +17,8 @@ import signal
 import types
 import typing
 from collections.abc import Awaitable, Callable
-from importlib.metadata import version
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -49,12 +50,24 @@ DOCS = web.AppKey("docs", str)
 MAX_INPUT_CHARS = web.AppKey("max_input_chars", int)  # the most any served model reads of one text
 
 
+def package_version() -> str:
+    """The installed package's version, or pyproject.toml's in a source tree run without
+    installing it (as the GPU checks run it: the checkout on the PYTHONPATH)."""
+    try:
+        return version("infinity-serve")
+    except PackageNotFoundError:
+        import tomllib
+
+        pyproject = Path(__file__).resolve().parents[2] / "pyproject.toml"
+        return tomllib.loads(pyproject.read_text())["project"]["version"]
+
+
 def create_app(config: Config, specs: list[ModelSpec], launch: Launch = spawn_process) -> web.Application:
     """The application serving `specs`; `launch` starts its children (processes, but in
     the fast tests)."""
     server = config.server
     client = EngineClient(server, specs, launch, config.media)
-    metrics = Metrics(client, version("infinity-serve"))
+    metrics = Metrics(client, package_version())
     middlewares = [record_request(metrics), _json_errors, _authorization(config.key_priorities()), track_request]
     app = web.Application(client_max_size=server.max_request_bytes,
                           middlewares=[_traced, *middlewares] if tracing.tracer() is not None else middlewares)
@@ -74,7 +87,7 @@ def create_app(config: Config, specs: list[ModelSpec], launch: Launch = spawn_pr
     for spec in specs:
         if spec.name not in names.setdefault(spec.kind, []):
             names[spec.kind].append(spec.name)
-    document = openapi.document([route.operation for route in ROUTES], "infinity-serve", version("infinity-serve"),
+    document = openapi.document([route.operation for route in ROUTES], "infinity-serve", package_version(),
                                 names, server.url_prefix, api_key=bool(config.key_priorities()))
     app[OPENAPI] = msgspec.json.encode(document)
     app[DOCS] = openapi.render_html(document)
