@@ -67,6 +67,12 @@ class TorchEngine:
         output = self._output = outputs[TEXT]
         self._media_output = next((out for medium, out in outputs.items() if medium != TEXT), None)
         self._device = torch.device(devices.torch_device(spec.device))
+        if self._device.type == "cuda":
+            # cuDNN's attention (which torch prefers for half precision on Hopper) builds a
+            # plan for every new (batch, length) shape, hundreds of milliseconds each; served
+            # batches rarely repeat a shape, so that cost lands on most passes
+            # (bench/results/gpu.md). The memory-efficient kernel needs no plan.
+            torch.backends.cuda.enable_cudnn_sdp(False)
         self.on_caller_threads = self._device.type == "cpu"
         # transformers picks SDPA attention where the architecture has it (MPNet has not).
         self._model = auto_class(output, spec).from_pretrained(spec.path, dtype=_DTYPES[spec.dtype]).to(self._device).eval()

@@ -46,6 +46,7 @@ def tokenizer(model_folder):
 def test_torch_engine_on_cuda(sentences, reference_vectors, tokenizer, dtype, compiled):
     spec = resolve_model(ModelConfig(name="m", device="cuda", engine="torch", dtype=dtype, compile=compiled))
     model = load_model(spec, 1)
+    assert not torch.backends.cuda.cudnn_sdp_enabled()  # its per-shape plans (workers/engines/torch_engine.py)
     _assert_matches(_model_vectors(model, sentences[:64], tokenizer), reference_vectors[:64], dtype)
 
 
