@@ -22,7 +22,10 @@ each in a process of its own, one after the other:
 Rows/s and tokens/s (the model's tokens, from the job's output), and each against the
 ceiling and the server. Nothing else may run meanwhile (bench/results/method.md).
 
-Usage: .venv/bin/python -m bench.corpus [--rows 100000] [--model FOLDER] [--ray] [--skip st]
+On `--device cuda` every contender runs its model on the GPU (embed, the server and Ray
+through one models.toml naming the device).
+
+Usage: .venv/bin/python -m bench.corpus [--rows 100000] [--model FOLDER] [--device cpu] [--ray] [--skip st]
 """
 
 from __future__ import annotations
@@ -71,12 +74,22 @@ def texts_of(path: Path) -> list[str]:
     return pq.read_table(path, columns=["text"]).column("text").to_pylist()
 
 
-def ceiling(path: Path, model: str | None, engine: str, dtype: str, threads: int, rows: int) -> dict:
+def models_toml(model: str | None, device: str) -> Path:
+    """A models.toml serving `model` (None: the packaged one) on `device` as `bench`, which
+    embed, the server and Ray's actor are each given."""
+    path = OUT / f"models-{device.replace(':', '-')}.toml"
+    OUT.mkdir(parents=True, exist_ok=True)
+    path.write_text(f'[[models]]\nname = "bench"\nsource = {json.dumps(model or "default")}\n'
+                    f'device = {json.dumps(device)}\n')
+    return path
+
+
+def ceiling(path: Path, model: str | None, device: str, engine: str, dtype: str, threads: int, rows: int) -> dict:
     """Rows/s of the engine in process over the file's first `rows` texts, tokenizing included."""
     from bench.engines import load_engine
     from bench.replay import pad_batch
 
-    loaded, tokenizer = load_engine(f"{engine}:{dtype}", threads, model)
+    loaded, tokenizer = load_engine(f"{engine}:{dtype}", threads, model, device)
     texts = texts_of(path)[:rows]
     in_order = [texts[i:i + BATCH] for i in range(0, len(texts), BATCH)]
     by_length = [sorted(texts[i:i + 1024], key=len) for i in range(0, len(texts), 1024)]
@@ -103,12 +116,11 @@ def ceiling(path: Path, model: str | None, engine: str, dtype: str, threads: int
     return {"rows_per_s": max(figures.values()), **figures}
 
 
-def embed(path: Path, model: str | None) -> dict:
+def embed(path: Path, model: str | None, device: str) -> dict:
     out = OUT / "embed-out"
     shutil.rmtree(out, ignore_errors=True)
-    command = [sys.executable, "-m", "infinity", "embed", str(path), str(out), "--quiet"]
-    if model:
-        command += ["--model", model]
+    command = [sys.executable, "-m", "infinity", "embed", str(path), str(out), "--quiet",
+               "--config", str(models_toml(model, device)), "--model", "bench"]
     with tempfile.TemporaryFile("w+") as log:
         start = time.perf_counter()
         job = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=log, text=True, start_new_session=True)
@@ -145,7 +157,7 @@ def _cpu_while_running(job: subprocess.Popen) -> dict[str, float]:
     return dict(sorted(used.items()))
 
 
-def server(path: Path, model: str | None) -> dict:
+def server(path: Path, model: str | None, device: str) -> dict:
     """Rows/s of our server fed the file by 8 clients of 32 texts per request."""
     import aiohttp
 
@@ -153,9 +165,7 @@ def server(path: Path, model: str | None) -> dict:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     command = [sys.executable, "-m", "infinity", "serve", "--host", "127.0.0.1", "--port", str(port),
-               "--log-level", "warning"]
-    if model:
-        command += ["--model", model, "--served-name", "bench"]
+               "--log-level", "warning", "--config", str(models_toml(model, device))]
     process = subprocess.Popen(command, start_new_session=True)
     texts = texts_of(path)
     batches = [texts[i:i + BATCH] for i in range(0, len(texts), BATCH)]
@@ -193,14 +203,14 @@ def server(path: Path, model: str | None) -> dict:
     return {"rows_per_s": len(texts) / seconds}
 
 
-def sentence_transformers(path: Path, model: str | None) -> dict:
+def sentence_transformers(path: Path, model: str | None, device: str) -> dict:
     import pyarrow as pa
     import pyarrow.parquet as pq
     from sentence_transformers import SentenceTransformer
 
     from infinity.folders.resolve import packaged_model_folder
 
-    loaded = SentenceTransformer(model or str(packaged_model_folder()), device="cpu")
+    loaded = SentenceTransformer(model or str(packaged_model_folder()), device=device)
     start = time.perf_counter()
     table = pq.read_table(path)
     vectors = loaded.encode(table.column("text").to_pylist(), batch_size=BATCH, normalize_embeddings=True)
@@ -210,13 +220,12 @@ def sentence_transformers(path: Path, model: str | None) -> dict:
     return {"rows_per_s": table.num_rows / (time.perf_counter() - start)}
 
 
-def ray(path: Path, model: str | None) -> dict:
+def ray(path: Path, model: str | None, device: str) -> dict:
     out = OUT / "ray-out"
     shutil.rmtree(out, ignore_errors=True)
     command = [sys.executable, "examples/ray_embed.py", str(path), str(out), "--concurrency", "1",
-               "--num-cpus", str(os.cpu_count())]
-    if model:
-        command += ["--model", model]
+               "--num-cpus", str(os.cpu_count()), "--num-gpus", "0" if device == "cpu" else "1",
+               "--config", str(models_toml(model, device)), "--model", "bench"]
     # The actor takes every core; Ray's read and write tasks need a CPU of its books too, so
     # it is told of one more than there are (its CPUs are logical), or the job never starts.
     env = {**os.environ, "RAY_OVERRIDE_RESOURCES": json.dumps({"CPU": (os.cpu_count() or 1) + 1})}
@@ -241,6 +250,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=int, default=100_000)
     parser.add_argument("--model", help="a model folder (default: the packaged all-MiniLM-L6-v2)")
+    parser.add_argument("--device", default="cpu", help="where every contender runs the model (cpu, cuda)")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="the ceiling's threads")
     parser.add_argument("--ceiling-rows", type=int, default=8192, help="the texts the ceiling runs, from the file's start")
     parser.add_argument("--ray", action="store_true", help="also Ray Data with one actor")
@@ -253,16 +263,16 @@ def main() -> None:
         print(json.dumps(CONTENDERS[name](*rest)))
         return
     path = corpus_file(args.rows)
-    figures = {"embed": _child("embed", str(path), args.model)}
+    figures = {"embed": _child("embed", str(path), args.model, args.device)}
     engine, dtype = figures["embed"]["engine"], figures["embed"]["dtype"]
     print(f"embed: {figures['embed']['summary']}; cores busy: {figures['embed']['cores_busy']}", flush=True)
     wanted = [n for n in ("ceiling", "server", "st") if n not in args.skip] + (["ray"] if args.ray else [])
     for name in wanted:
         extra = (engine, dtype, args.threads, args.ceiling_rows) if name == "ceiling" else ()
-        figures[name] = _child(name, str(path), args.model, *extra)
+        figures[name] = _child(name, str(path), args.model, args.device, *extra)
         print(f"{name}: {figures[name]}", flush=True)
     tokens = figures["embed"]["tokens"] / figures["embed"]["rows"]
-    print(f"\n{args.rows} rows, {tokens:.1f} tokens per row, embed on {engine} {dtype}\n")
+    print(f"\n{args.rows} rows, {tokens:.1f} tokens per row, embed on {engine} {dtype} on {args.device}\n")
     print("| contender | rows/s | tokens/s | embed against it |\n| --- | ---: | ---: | ---: |")
     for name, figure in figures.items():
         rate = figure["rows_per_s"]

