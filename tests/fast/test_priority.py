@@ -6,7 +6,9 @@ and an urgent batch takes the express lane while every lane runs less urgent wor
 import threading
 
 import numpy as np
+import pytest
 
+from workers.inference import scheduler
 from workers.inference.scheduler import AGING_S, QueuePolicy, Scheduler
 from workers.preprocess.text import TokenItem
 
@@ -242,3 +244,53 @@ def test_a_lane_lowers_its_own_threads_cpu_priority_and_no_other():
     lane.join(5)
     assert seen == [min(before + 3, 19)]
     assert nice() == before
+
+
+def _reference_cut(queue, now: float) -> list:
+    """The batch `queue` cuts next, found the plain way: every waiting input looked at for
+    the anchor and for the riders (what `scheduler._cut` finds from the requests)."""
+    entries = queue.by_cost
+    urgency = {entry[2].request: entry[2].request.urgency(now) for entry in entries}
+    most_urgent = min(urgency.values())
+    eligible = [entry[2] for entry in entries if urgency[entry[2].request] == most_urgent]
+    first = min(eligible, key=lambda item: (item.tag, item.seq))
+    first_cost = queue.pass_overhead_tokens + first.cost
+    cheap = [item for item in eligible if item.request.cost <= first_cost / scheduler.OVERTAKE_FACTOR]
+    anchor = first
+    if cheap:
+        candidate = min(cheap, key=lambda item: (item.tag, item.seq))
+        if (now - candidate.arrived) / candidate.request.cost > (now - first.arrived) / first_cost:
+            anchor = candidate
+    riders = [entry for entry in entries if scheduler._rides_with(entry[2].request, anchor.request)]
+    index = next(i for i, entry in enumerate(riders) if entry[2] is anchor)
+    lo, hi = scheduler._window(riders, index, queue.max_batch_tokens, queue.max_batch_size)
+    groups = scheduler.split_by_cost([entry[0] for entry in riders[lo:hi + 1]], queue.pass_overhead_tokens,
+                                     queue.padding_weight)
+    first_index, last_index = scheduler._group_of(index - lo, groups)
+    return [entry[2] for entry in riders[lo + first_index:lo + last_index + 1]]
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_cuts_are_those_of_the_plain_search(seed):
+    """Mixed priorities, sizes and ages, cancellations: each batch is the one the plain
+    search over every waiting input would cut."""
+    rng = np.random.default_rng(seed)
+    clock = _Clock()
+    sched = Scheduler(clock)
+    sched.add_queue("m", QueuePolicy(int(rng.choice([256, 2048])), int(rng.choice([4, 32])),
+                                     float(rng.choice([2.0, 19.0, 200.0])), lanes=1000))
+    queue = sched._queues["m"]
+    submitted = 0
+    for _ in range(120):
+        for _ in range(int(rng.integers(0, 4))):
+            size = int(rng.choice([1, 2, 8, 32]))
+            _submit(sched, submitted, [int(n) for n in rng.integers(3, 250, size)], int(rng.integers(0, 3)))
+            submitted += 1
+        if submitted and rng.random() < 0.1:
+            sched.cancel(int(rng.integers(0, submitted)))
+        clock.now += float(rng.choice([0.0, 0.01, 2.0]))
+        if queue.by_cost:
+            expected = _reference_cut(queue, clock.now)
+            assert sched.next_batch().items == expected
+        assert sorted(entry[1] for entry in queue.by_cost) == sorted(
+            item.seq for waiting in queue.waiting_requests.values() for item in waiting.remaining())

@@ -63,7 +63,7 @@ import bisect
 import itertools
 import threading
 import time
-from collections import Counter, deque
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -106,6 +106,7 @@ class Item:
     seq: int  # arrival order, for fairness
     arrived: float  # the scheduler's clock when it was queued
     tag: float = 0.0  # its virtual start: its place in the fair order between requests
+    waiting: bool = True  # in its queue still (not cut into a batch, not dropped)
 
 
 @dataclass
@@ -161,26 +162,56 @@ class _Queue:
     widens: bool
     express: bool
     passes: list[RunningPass] = field(default_factory=list)  # batches cut for its lanes and not yet finished
-    # Waiting items (cost, seq, item) sorted by `_sort_key`; `_anchor` finds the one a batch is cut around.
+    # Waiting items (cost, seq, item) sorted by `_sort_key`: a batch is a run of them.
     by_cost: list[tuple[int, int, Item]] = field(default_factory=list)
-    # The requests with inputs in `by_cost`, and how many: far fewer than the inputs, so what
-    # holds for every waiting input is found from them.
-    waiting_requests: Counter[PendingRequest] = field(default_factory=Counter)
+    # The requests with inputs in `by_cost`, and those inputs: far fewer requests than
+    # inputs, so what holds for every waiting input (its class, whether it may ride along,
+    # the first in the fair order) is found from them.
+    waiting_requests: dict[PendingRequest, _Waiting] = field(default_factory=dict)
     virtual: float = 0.0  # the virtual time: the tag of the last batch's anchor
 
+    def add(self, items: list[Item]) -> None:
+        """Queue a request's inputs (in the request's order)."""
+        for item in items:
+            bisect.insort(self.by_cost, (item.cost, item.seq, item), key=_sort_key)
+        self.waiting_requests[items[0].request] = _Waiting(items, len(items))
+
     def remove(self, items: list[Item]) -> None:
-        """Take `items` out of the waiting ones."""
-        taken = set(map(id, items))
-        self.by_cost = [entry for entry in self.by_cost if id(entry[2]) not in taken]
+        """Take `items` out of the waiting ones: each found by bisection."""
+        for item in items:
+            key = _sort_key((item.cost, item.seq, item))
+            del self.by_cost[bisect.bisect_left(self.by_cost, key, key=_sort_key)]
         self.forget(items)
 
     def forget(self, items: list[Item]) -> None:
         """Count `items` out of `waiting_requests` (they have left `by_cost`)."""
         waiting = self.waiting_requests
         for item in items:
-            waiting[item.request] -= 1
-            if not waiting[item.request]:
+            item.waiting = False
+            inputs = waiting[item.request]
+            inputs.count -= 1
+            if not inputs.count:
                 del waiting[item.request]
+
+
+@dataclass(slots=True)
+class _Waiting:
+    """One request's inputs in a queue, in the request's order, which is their fair order
+    (each input's virtual start is after the one before it); those cut or dropped stay
+    in the list, marked, until the request leaves the queue."""
+
+    items: list[Item]
+    count: int  # how many still wait
+    head: int = 0  # no input before this index waits
+
+    def first(self) -> Item:
+        """The waiting input first in the fair order."""
+        while not self.items[self.head].waiting:
+            self.head += 1
+        return self.items[self.head]
+
+    def remaining(self) -> list[Item]:
+        return [item for item in self.items[self.head:] if item.waiting]
 
 
 # A pass holds at most this many times its fixed cost in padded tokens (or one input
@@ -248,10 +279,8 @@ class Scheduler:
             tags = itertools.accumulate(costs[:-1], initial=waiting.virtual)
             items = [Item(request, slot, cost, payload, next(self._seq), arrived, tag)
                      for slot, cost, payload, tag in zip(slots, costs, payloads, tags, strict=True)]
-            for item in items:
-                bisect.insort(waiting.by_cost, (item.cost, item.seq, item), key=_sort_key)
+            waiting.add(items)
             request.seq = items[0].seq
-            waiting.waiting_requests[request] += len(items)
             self._wakeup.notify()
             self._notify_express(waiting)
 
@@ -289,7 +318,7 @@ class Scheduler:
                 return Batch(model, _cut(self._queues[model], self._clock()), express=True)
             model, request = found
             queue = self._queues[model]
-            items = [entry[2] for entry in queue.by_cost if entry[2].request is request]
+            items = queue.waiting_requests[request].remaining()
             queue.remove(items)
         return Batch(model, items, express=True)
 
@@ -394,7 +423,8 @@ class Scheduler:
     def _drop_waiting(self, request: PendingRequest) -> int:
         """Remove the request's inputs from its queue (lock held); return how many."""
         queue = self._queues[request.queue]
-        dropped = [entry[2] for entry in queue.by_cost if entry[2].request is request]
+        waiting = queue.waiting_requests.get(request)
+        dropped = waiting.remaining() if waiting else []
         queue.remove(dropped)
         request.remaining -= len(dropped)
         return len(dropped)
@@ -428,20 +458,17 @@ def _longest_cost(queue: _Queue, items: list[Item]) -> float:
 def _cut(queue: _Queue, now: float) -> list[Item]:
     """Remove and return the next batch of `queue`: the cheapest group, per token, of
     inputs of similar length around the anchor, of those that may ride along with it
-    (`_rides_with`)."""
+    (`_rides_with`). What depends on the requests is found from them, so a cut costs
+    O(requests) besides the batch's own neighbourhood (and, where a few riders are
+    picked out of many waiting inputs, sorting those riders)."""
     urgency = {request: request.urgency(now) for request in queue.waiting_requests}
     most_urgent = min(urgency.values())
-    # Most often every waiting input is of one class and may ride with any other: then the
-    # anchor and the batch come from the waiting list as it is.
-    eligible = (None if all(value == most_urgent for value in urgency.values())
-                else lambda item: urgency[item.request] == most_urgent)
-    anchor = _anchor(queue.by_cost, queue.pass_overhead_tokens, now, eligible)
-    anchor_item = queue.by_cost[anchor][2]
-    whole = all(_rides_with(request, anchor_item.request) for request in urgency)
-    entries = queue.by_cost if whole else [entry for entry in queue.by_cost
-                                           if _rides_with(entry[2].request, anchor_item.request)]
-    if not whole:
-        anchor = next(i for i, entry in enumerate(entries) if entry[2] is anchor_item)
+    anchor_item = _anchor(queue, [request for request, value in urgency.items() if value == most_urgent], now)
+    riders = [request for request in urgency if _rides_with(request, anchor_item.request)]
+    # Most often every waiting input may ride with any other: the waiting list as it is.
+    whole = len(riders) == len(urgency)
+    entries = queue.by_cost if whole else _rider_entries(queue, riders)
+    anchor = bisect.bisect_left(entries, _sort_key((anchor_item.cost, anchor_item.seq, anchor_item)), key=_sort_key)
     lo, hi = _window(entries, anchor, queue.max_batch_tokens, queue.max_batch_size)
     lengths = [entry[0] for entry in entries[lo:hi + 1]]
     first, last = _group_of(anchor - lo, split_by_cost(lengths, queue.pass_overhead_tokens,
@@ -454,6 +481,18 @@ def _cut(queue: _Queue, now: float) -> list[Item]:
         queue.remove(batch)
     queue.virtual = max(queue.virtual, anchor_item.tag)
     return batch
+
+
+def _rider_entries(queue: _Queue, riders: list[PendingRequest]) -> list[tuple[int, int, Item]]:
+    """The waiting entries of `riders`, sorted as `by_cost`: from the riders' own inputs
+    where they are few (a query's among bulk), else picked out of `by_cost`."""
+    waiting = queue.waiting_requests
+    count = sum(waiting[request].count for request in riders)
+    if count * 8 < len(queue.by_cost):
+        return sorted(((item.cost, item.seq, item) for request in riders for item in waiting[request].remaining()),
+                      key=_sort_key)
+    chosen = set(riders)
+    return [entry for entry in queue.by_cost if entry[2].request in chosen]
 
 
 def _least_urgent(items: list[Item]) -> int:
@@ -470,27 +509,26 @@ def _rides_with(request: PendingRequest, anchor: PendingRequest) -> bool:
                                                   and request.cost <= OVERTAKE_FACTOR * anchor.cost)
 
 
-def _anchor(entries: list[tuple[int, int, Item]], overhead_tokens: float, now: float,
-            eligible: Callable[[Item], bool] | None) -> int:
-    """Index of the input the next batch is built around, among the `eligible` (the most
-    urgent class): the first in the fair order (the lowest tag, then the oldest), or the
-    first input of the small requests, those costing at most 1 / OVERTAKE_FACTOR of it (a
-    pass alone: overhead + length; a request: all its inputs as one pass), if that request
-    has waited longer in proportion to its cost. A short input of a large request is no
-    small request: it keeps its turn in the fair order."""
-    candidates = (range(len(entries)) if eligible is None
-                  else [i for i, entry in enumerate(entries) if eligible(entry[2])])
-    first = min(candidates, key=lambda i: (entries[i][2].tag, entries[i][1]))
-    first_cost = overhead_tokens + entries[first][0]
-    # A request costs at least one of its inputs alone: only the shortest inputs may be small requests'.
-    shortest = bisect.bisect_right(entries, first_cost / OVERTAKE_FACTOR - overhead_tokens, key=lambda e: e[0])
-    cheap = [i for i in (range(shortest) if eligible is None else candidates)
-             if i < shortest and entries[i][2].request.cost <= first_cost / OVERTAKE_FACTOR]
+def _anchor(queue: _Queue, eligible: list[PendingRequest], now: float) -> Item:
+    """The input the next batch is built around, among those of the `eligible` requests
+    (the most urgent class): the first in the fair order (the lowest tag, then the oldest),
+    or the first input of the small requests, those costing at most 1 / OVERTAKE_FACTOR of
+    it (a pass alone: overhead + length; a request: all its inputs as one pass), if that
+    request has waited longer in proportion to its cost. A short input of a large request
+    is no small request: it keeps its turn in the fair order."""
+    firsts = [queue.waiting_requests[request].first() for request in eligible]
+    first = min(firsts, key=_fair_order)
+    first_cost = queue.pass_overhead_tokens + first.cost
+    cheap = [item for item in firsts if item.request.cost <= first_cost / OVERTAKE_FACTOR]
     if not cheap:
         return first
-    candidate = min(cheap, key=lambda i: (entries[i][2].tag, entries[i][1]))
-    ratio = (now - entries[candidate][2].arrived) / entries[candidate][2].request.cost
-    return candidate if ratio > (now - entries[first][2].arrived) / first_cost else first
+    candidate = min(cheap, key=_fair_order)
+    ratio = (now - candidate.arrived) / candidate.request.cost
+    return candidate if ratio > (now - first.arrived) / first_cost else first
+
+
+def _fair_order(item: Item) -> tuple[float, int]:
+    return item.tag, item.seq
 
 
 def _window(entries: list[tuple[int, int, Item]], anchor: int, max_tokens: int, max_size: int) -> tuple[int, int]:
