@@ -213,6 +213,11 @@ class ChannelToFront:
                 self._received.extend(protocol.decode(frame.buffer))
             return self._received.popleft()
 
+    def pending(self) -> bool:
+        """Whether a message waits to be received (from the receiving thread, between its
+        calls of `receive`)."""
+        return bool(self._received) or (self._pull is not None and bool(self._pull.poll(0)))
+
     def send(self, *messages: protocol.Message) -> None:
         """Send `messages` together, as one ZeroMQ message; `ChannelClosed` if the front
         end is gone or closed the channel."""

@@ -511,3 +511,61 @@ def test_an_express_pass_ending_frees_no_lane_and_a_lane_ending_frees_one():
     scheduler.finish(long)
     thread.join(5)
     assert [item.request.request_id for item in got[0].items] == [2]
+
+
+def _submit_here(scheduler: Scheduler, request_id: int, lengths: list[int], here: bool = True) -> Batch | None:
+    """`_submit`, the caller offering to run the pass itself (`here`: what its check answers)."""
+    slots = [request_id * 100 + i for i in range(len(lengths))]
+    items = [TokenItem(np.full(n, slot + 1, dtype=np.int32)) for slot, n in zip(slots, lengths)]
+    return scheduler.submit(request_id, "m", slots, lengths, items, run_here=lambda: here)
+
+
+@pytest.mark.parametrize(("lanes", "widens", "wide"), [(2, True, True), (1, False, False)])
+def test_a_lone_input_among_idle_lanes_is_run_by_the_caller(lanes, widens, wide):
+    """Its batch comes back to the receiving thread, as a lane would have cut it, and no
+    lane is woken: the lanes take the next work once the pass is finished."""
+    scheduler = _scheduler(lanes=lanes, widens=widens)
+    threads, got = _wait_in_threads(scheduler, lanes)
+    batch = _submit_here(scheduler, 1, [5])
+    assert batch is not None and [item.slot for item in batch.items] == [100] and batch.wide == wide
+    for thread in threads:
+        thread.join(0.2)
+        assert thread.is_alive() and not got
+    scheduler.finish(batch)
+    _submit(scheduler, 2, [5])
+    threads[0].join(0.2)
+    assert [[item.request.request_id for item in lane.items] for lane in got] == [[2]]
+    scheduler.finish(got[0])
+    _submit(scheduler, 3, [5])  # for the other lane, where there is one
+    for thread in threads:
+        thread.join(5)
+        assert not thread.is_alive()
+
+
+@pytest.mark.parametrize("case", ["two inputs", "a lane busy", "input waiting", "message behind", "lanes that share"])
+def test_a_lone_input_otherwise_goes_to_the_lanes(case):
+    scheduler = _scheduler(lanes=2, widens=case != "lanes that share")
+    if case == "a lane busy":
+        _submit(scheduler, 9, [3])
+        scheduler.next_batch()
+    threads, got = _wait_in_threads(scheduler, 1 if case == "a lane busy" else 2)
+    if case == "input waiting":
+        scheduler._wide = True  # a wide pass holds the lanes: what is submitted waits
+        _submit(scheduler, 8, [3])
+        scheduler._wide = False
+    lengths = [5, 6] if case == "two inputs" else [5]
+    assert _submit_here(scheduler, 1, lengths, here=case != "message behind") is None
+    if case == "input waiting":
+        with scheduler._wakeup:
+            scheduler._wakeup.notify_all()
+    deadline = time.monotonic() + 5
+    while not any(item.request.request_id == 1 for batch in list(got) for item in batch.items):
+        assert time.monotonic() < deadline, "no lane took the input"
+        time.sleep(0.01)
+    for batch in list(got):  # a wide pass holds the other lane until it is finished
+        scheduler.finish(batch)
+    for _ in threads:
+        _submit(scheduler, 7, [4])
+    for thread in threads:
+        thread.join(5)
+        assert not thread.is_alive()

@@ -59,6 +59,29 @@ def test_messages_both_ways_in_order_large_ones_too(tmp_path):
     assert from_child == [protocol.Done(1), LARGE, protocol.Done(2)]
 
 
+def test_a_child_sees_whether_a_message_waits(tmp_path):
+    """Behind a received message in the same frame, or in the socket, or none."""
+    base = _base(tmp_path)
+
+    async def check() -> list[bool]:
+        front = ChannelToChild(base, lambda message: None)
+        end = ChannelToFront(base)
+        seen = [end.pending()]
+        front.send([protocol.Cancel(1), protocol.Cancel(2)])
+        await asyncio.to_thread(end.receive)
+        seen.append(end.pending())  # the frame's second message
+        await asyncio.to_thread(end.receive)
+        seen.append(end.pending())
+        front.send([protocol.Cancel(3)])
+        await _until(end.pending)
+        seen.append(end.pending())
+        front.close()
+        end.close()
+        return seen
+
+    assert asyncio.run(check()) == [False, True, False, True]
+
+
 def test_what_is_sent_together_leaves_as_one_zeromq_message_both_ways(tmp_path):
     """Each end's peer here is a bare ZeroMQ socket, which sees the messages as they travel."""
     base = _base(tmp_path)
@@ -193,7 +216,7 @@ def test_a_childs_threads_end_quietly_once_the_front_end_closes_its_channel(tmp_
         end = ChannelToFront(base)
         await _connected(tmp_path)
         front.close()
-        await asyncio.wait_for(asyncio.to_thread(_receive, end, Scheduler()), 5)  # returns, raises nothing
+        await asyncio.wait_for(asyncio.to_thread(_receive, end, Scheduler(), {}), 5)  # returns, raises nothing
         end.close()
 
     asyncio.run(close_then_receive())

@@ -25,7 +25,10 @@ compute. When a lane cuts a batch while other lanes of the model wait idle, the 
 shared with them: rows i, i + k, i + 2k, ... of the length-sorted batch go to lane i, so
 the parts take about as long and a lone large request still uses every core. A batch of
 one input cut while every other lane waits idle runs as a wide pass, on every core, if the
-model's engine can (`widens`); the other lanes take no work until it ends.
+model's engine can (`widens`); the other lanes take no work until it ends. Such a pass (or
+one for a model of a single lane) for a lone input that arrives while every lane idles
+and nothing else waits is run by the thread that received the input (`submit`'s
+`run_here`), which saves waking a lane for it.
 
 An engine may also run one pass beyond its lanes (`express`): the express lane, for a
 small request while every lane of its model runs a pass made long by a long input, or a
@@ -264,13 +267,24 @@ class Scheduler:
         return any(queue.express for queue in self._queues.values())
 
     def submit(self, request_id: int, queue: str, slots: list[int], costs: list[int], payloads: list,
-               priority: int = 0, trace: str | None = None, vector_types: tuple[str, ...] = ()) -> None:
+               priority: int = 0, trace: str | None = None, vector_types: tuple[str, ...] = (),
+               run_here: Callable[[], bool] | None = None) -> Batch | None:
         """Queue a request's inputs on `queue`: each its arena slot, its cost and its payload;
         `priority`: lower is served first; `trace`: its traceparent, where it is traced;
-        `vector_types`: what it asks of a hybrid model."""
+        `vector_types`: what it asks of a hybrid model.
+
+        `run_here`, where given: the caller may run the request's pass itself. It is handed
+        the batch (and no lane is woken) when the request is one input, nothing else waits,
+        every lane idles, the pass is one no other could run beside (a wide pass, or the
+        queue's only lane), and `run_here()`, asked last, agrees: a lone query then skips
+        the hand-off to a lane, a thread woken from sleep (a fifth of a millisecond and
+        more on a VM)."""
         arrived = self._clock()
         with self._lock:
             waiting = self._queues[queue]
+            lone = (run_here is not None and len(slots) == 1 and self._idle == self.lanes and not self._shares
+                    and not self._wide and not any(other.by_cost for other in self._queues.values())
+                    and (waiting.widens or waiting.lanes == 1) and run_here())
             request = PendingRequest(request_id, queue, len(slots), waiting.pass_overhead_tokens
                                      + len(costs) * max(costs), priority, arrived, trace=trace,
                                      vector_types=vector_types)
@@ -281,8 +295,12 @@ class Scheduler:
                      for slot, cost, payload, tag in zip(slots, costs, payloads, tags, strict=True)]
             waiting.add(items)
             request.seq = items[0].seq
+            if lone:
+                # Cut as the lanes' own would be, the caller in the place of one of them.
+                return self._cut_for(queue, self.lanes - 1)
             self._wakeup.notify()
             self._notify_express(waiting)
+            return None
 
     def cancel(self, request_id: int) -> tuple[int, bool]:
         """Drop the waiting inputs of a request; return how many were dropped and whether
@@ -372,9 +390,13 @@ class Scheduler:
             self._idle -= 1
         if self._shares:
             return self._shares.popleft()
+        return self._cut_for(model, self._idle - len(self._shares))
+
+    def _cut_for(self, model: str, idle: int) -> Batch:
+        """The calling lane's batch of `model`'s queue, shared with the `idle` other lanes
+        (waiting and not yet handed a share) or run wide; lock held."""
         queue = self._queues[model]
         items = _cut(queue, self._clock())
-        idle = self._idle - len(self._shares)  # lanes waiting and not yet handed a share
         if len(items) == 1 and queue.widens and idle == self.lanes - 1:
             self._wide = True
             running = RunningPass.of(queue, items)

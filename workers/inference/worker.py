@@ -96,7 +96,8 @@ def serve(args: protocol.WorkerArgs, channel: ChannelToFront,
                 model, arenas[spec.name], kind.ragged, partial(media_module(spec.kind).collate,
                                                                pad_id=model.engine.pad_id),
                 True, (args.threads // count, args.threads) if count > 1 else None, wide_runner)
-    threading.Thread(target=_guarded, args=(_receive, channel, scheduler), daemon=True, name="receiver").start()
+    threading.Thread(target=_guarded, args=(_receive, channel, scheduler, by_queue), daemon=True,
+                     name="receiver").start()
     lane_niceness = LANE_NICENESS if scheduler.express else 0
     for lane in range(1, scheduler.lanes):
         threading.Thread(target=_guarded, args=(_serve, by_queue, scheduler, channel, None, lane_niceness),
@@ -267,25 +268,29 @@ def _guarded(target: Callable[..., None], *args: object) -> None:
         os._exit(1)
 
 
-def _receive(channel: ChannelToFront, scheduler: Scheduler) -> None:
+def _receive(channel: ChannelToFront, scheduler: Scheduler, by_queue: dict[str, _Queue]) -> None:
     """Receiver thread: queue requests, apply cancellations (and acknowledge them), until
     the front end closes the channel."""
     with contextlib.suppress(ChannelClosed):
         while True:
-            _take_message(channel.receive(), channel, scheduler)
+            _take_message(channel.receive(), channel, scheduler, by_queue)
 
 
-def _take_message(message: protocol.Message, channel: ChannelToFront, scheduler: Scheduler) -> None:
+def _take_message(message: protocol.Message, channel: ChannelToFront, scheduler: Scheduler,
+                  by_queue: dict[str, _Queue]) -> None:
     """Queue a request's inputs (texts on its model's queue, media on its media queue), or
-    apply its cancellation."""
+    apply its cancellation. A lone input that nothing else waits beside, nor behind in the
+    channel, the scheduler may hand back to run here (`Scheduler.submit`'s `run_here`)."""
     if isinstance(message, protocol.Infer):
         inputs = message.inputs
         if isinstance(inputs, protocol.TokenInputs):
             queue, (costs, items) = message.model, token_items(inputs)
         else:
             queue, (costs, items) = media_queue(message.model), feature_items(inputs)
-        scheduler.submit(message.request_id, queue, message.slots, costs, items, message.priority, message.trace,
-                         tuple(message.vector_types))
+        batch = scheduler.submit(message.request_id, queue, message.slots, costs, items, message.priority,
+                                 message.trace, tuple(message.vector_types), run_here=lambda: not channel.pending())
+        if batch is not None:
+            _run_queued(batch, by_queue, scheduler, channel)
     elif isinstance(message, protocol.Cancel):
         dropped, finished = scheduler.cancel(message.request_id)
         log.info("request %d: client gone, %d waiting inputs dropped", message.request_id, dropped)
