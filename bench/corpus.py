@@ -25,7 +25,8 @@ ceiling and the server. Nothing else may run meanwhile (bench/results/method.md)
 On `--device cuda` every contender runs its model on the GPU (embed, the server and Ray
 through one models.toml naming the device).
 
-Usage: .venv/bin/python -m bench.corpus [--rows 100000] [--model FOLDER] [--device cpu] [--ray] [--skip st]
+Usage: .venv/bin/python -m bench.corpus [--rows 100000] [--model FOLDER] [--device cpu] [--embed-batch-size N]
+                                        [--ray] [--skip st]
 """
 
 from __future__ import annotations
@@ -116,11 +117,13 @@ def ceiling(path: Path, model: str | None, device: str, engine: str, dtype: str,
     return {"rows_per_s": max(figures.values()), **figures}
 
 
-def embed(path: Path, model: str | None, device: str) -> dict:
+def embed(path: Path, model: str | None, device: str, batch_size: int | None = None) -> dict:
     out = OUT / "embed-out"
     shutil.rmtree(out, ignore_errors=True)
     command = [sys.executable, "-m", "infinity", "embed", str(path), str(out), "--quiet",
                "--config", str(models_toml(model, device)), "--model", "bench"]
+    if batch_size:
+        command += ["--batch-size", str(batch_size)]
     with tempfile.TemporaryFile("w+") as log:
         start = time.perf_counter()
         job = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=log, text=True, start_new_session=True)
@@ -251,6 +254,7 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=100_000)
     parser.add_argument("--model", help="a model folder (default: the packaged all-MiniLM-L6-v2)")
     parser.add_argument("--device", default="cpu", help="where every contender runs the model (cpu, cuda)")
+    parser.add_argument("--embed-batch-size", type=int, help="embed's --batch-size (default: embed's own)")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="the ceiling's threads")
     parser.add_argument("--ceiling-rows", type=int, default=8192, help="the texts the ceiling runs, from the file's start")
     parser.add_argument("--ray", action="store_true", help="also Ray Data with one actor")
@@ -263,7 +267,7 @@ def main() -> None:
         print(json.dumps(CONTENDERS[name](*rest)))
         return
     path = corpus_file(args.rows)
-    figures = {"embed": _child("embed", str(path), args.model, args.device)}
+    figures = {"embed": _child("embed", str(path), args.model, args.device, args.embed_batch_size)}
     engine, dtype = figures["embed"]["engine"], figures["embed"]["dtype"]
     print(f"embed: {figures['embed']['summary']}; cores busy: {figures['embed']['cores_busy']}", flush=True)
     wanted = [n for n in ("ceiling", "server", "st") if n not in args.skip] + (["ray"] if args.ray else [])

@@ -5,7 +5,7 @@
 # encode, all on the GPU. Prepared and carried as bench/gpu_check.sh is (bench/gpu_env.sh);
 # logs go to $OUT or bench/out.
 # ROWS (default 100000) and MODELS (default "default bert-base") size it; CORPUS_ARGS adds
-# bench.corpus flags (--skip st).
+# bench.corpus flags (--skip st, --embed-batch-size 256).
 set -uo pipefail
 source "$(dirname "$0")/gpu_env.sh"
 status=0
