@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import multiprocessing
 import os
+import threading
 from pathlib import Path
 
 import pytest
@@ -216,7 +217,11 @@ def test_a_childs_threads_end_quietly_once_the_front_end_closes_its_channel(tmp_
         end = ChannelToFront(base)
         await _connected(tmp_path)
         front.close()
-        await asyncio.wait_for(asyncio.to_thread(_receive, end, Scheduler(), {}), 5)  # returns, raises nothing
+        set_in = []  # the thread `set_threads` was called in, before it received
+        await asyncio.wait_for(asyncio.to_thread(_receive, end, Scheduler(), {},
+                                                 lambda: set_in.append(threading.current_thread())),
+                               5)  # returns, raises nothing
+        assert len(set_in) == 1 and set_in[0] is not threading.main_thread()
         end.close()
 
     asyncio.run(close_then_receive())

@@ -57,7 +57,8 @@ def serve(args: protocol.WorkerArgs, channel: ChannelToFront,
     try:
         devices.require(args.models[0].device, [spec.name for spec in args.models])
         models = {spec.name: load(spec, args.threads) for spec in args.models}
-        set_torch_threads([model.engine for model in models.values()], args.threads)
+        engines = [model.engine for model in models.values()]
+        set_torch_threads(engines, args.threads)
         lanes_of = {spec.name: text_lanes(models[spec.name].engine, args.threads) for spec in args.models}
         # Made before the warm-up, which starts its OpenMP team: the first lone input does not.
         wide_runner = ThreadPoolExecutor(1, thread_name_prefix="wide-pass")
@@ -96,8 +97,9 @@ def serve(args: protocol.WorkerArgs, channel: ChannelToFront,
                 model, arenas[spec.name], kind.ragged, partial(media_module(spec.kind).collate,
                                                                pad_id=model.engine.pad_id),
                 True, (args.threads // count, args.threads) if count > 1 else None, wide_runner)
-    threading.Thread(target=_guarded, args=(_receive, channel, scheduler, by_queue), daemon=True,
-                     name="receiver").start()
+    threading.Thread(target=_guarded, args=(_receive, channel, scheduler, by_queue,
+                                            partial(set_torch_threads, engines, args.threads)),
+                     daemon=True, name="receiver").start()
     lane_niceness = LANE_NICENESS if scheduler.express else 0
     for lane in range(1, scheduler.lanes):
         threading.Thread(target=_guarded, args=(_serve, by_queue, scheduler, channel, None, lane_niceness),
@@ -268,9 +270,12 @@ def _guarded(target: Callable[..., None], *args: object) -> None:
         os._exit(1)
 
 
-def _receive(channel: ChannelToFront, scheduler: Scheduler, by_queue: dict[str, _Queue]) -> None:
+def _receive(channel: ChannelToFront, scheduler: Scheduler, by_queue: dict[str, _Queue],
+             set_threads: Callable[[], None]) -> None:
     """Receiver thread: queue requests, apply cancellations (and acknowledge them), until
-    the front end closes the channel."""
+    the front end closes the channel. `set_threads` first gives it the torch threads of the
+    main thread (OpenMP keeps them per thread), for the lone passes it runs."""
+    set_threads()
     with contextlib.suppress(ChannelClosed):
         while True:
             _take_message(channel.receive(), channel, scheduler, by_queue)
