@@ -176,14 +176,13 @@ class _Queue:
     def add(self, items: list[Item]) -> None:
         """Queue a request's inputs (in the request's order)."""
         for item in items:
-            bisect.insort(self.by_cost, (item.cost, item.seq, item), key=_sort_key)
+            bisect.insort(self.by_cost, _entry(item), key=_sort_key)
         self.waiting_requests[items[0].request] = _Waiting(items, len(items))
 
     def remove(self, items: list[Item]) -> None:
         """Take `items` out of the waiting ones: each found by bisection."""
         for item in items:
-            key = _sort_key((item.cost, item.seq, item))
-            del self.by_cost[bisect.bisect_left(self.by_cost, key, key=_sort_key)]
+            del self.by_cost[_index_of(self.by_cost, item)]
         self.forget(items)
 
     def forget(self, items: list[Item]) -> None:
@@ -466,6 +465,16 @@ class Scheduler:
         return best
 
 
+def _entry(item: Item) -> tuple[int, int, Item]:
+    """`item` as `_Queue.by_cost` holds it."""
+    return item.cost, item.seq, item
+
+
+def _index_of(entries: list[tuple[int, int, Item]], item: Item) -> int:
+    """Where `item` is in `entries`, sorted by `_sort_key`."""
+    return bisect.bisect_left(entries, _sort_key(_entry(item)), key=_sort_key)
+
+
 def _sort_key(entry: tuple[int, int, Item]) -> tuple[int, float, int]:
     """By cost, then in the fair order: a batch's neighbours of equal cost are the inputs
     whose turn comes first."""
@@ -490,7 +499,7 @@ def _cut(queue: _Queue, now: float) -> list[Item]:
     # Most often every waiting input may ride with any other: the waiting list as it is.
     whole = len(riders) == len(urgency)
     entries = queue.by_cost if whole else _rider_entries(queue, riders)
-    anchor = bisect.bisect_left(entries, _sort_key((anchor_item.cost, anchor_item.seq, anchor_item)), key=_sort_key)
+    anchor = _index_of(entries, anchor_item)
     lo, hi = _window(entries, anchor, queue.max_batch_tokens, queue.max_batch_size)
     lengths = [entry[0] for entry in entries[lo:hi + 1]]
     first, last = _group_of(anchor - lo, split_by_cost(lengths, queue.pass_overhead_tokens,
@@ -511,8 +520,7 @@ def _rider_entries(queue: _Queue, riders: list[PendingRequest]) -> list[tuple[in
     waiting = queue.waiting_requests
     count = sum(waiting[request].count for request in riders)
     if count * 8 < len(queue.by_cost):
-        return sorted(((item.cost, item.seq, item) for request in riders for item in waiting[request].remaining()),
-                      key=_sort_key)
+        return sorted((_entry(item) for request in riders for item in waiting[request].remaining()), key=_sort_key)
     chosen = set(riders)
     return [entry for entry in queue.by_cost if entry[2].request in chosen]
 
