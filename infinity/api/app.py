@@ -67,7 +67,8 @@ def create_app(config: Config, specs: list[ModelSpec], launch: Launch = spawn_pr
     the fast tests)."""
     server = config.server
     client = EngineClient(server, specs, launch, config.media)
-    metrics = Metrics(client, package_version())
+    served_version = package_version()
+    metrics = Metrics(client, served_version)
     middlewares = [record_request(metrics), _json_errors, _authorization(config.key_priorities()), track_request]
     app = web.Application(client_max_size=server.max_request_bytes,
                           middlewares=[_traced, *middlewares] if tracing.tracer() is not None else middlewares)
@@ -87,7 +88,7 @@ def create_app(config: Config, specs: list[ModelSpec], launch: Launch = spawn_pr
     for spec in specs:
         if spec.name not in names.setdefault(spec.kind, []):
             names[spec.kind].append(spec.name)
-    document = openapi.document([route.operation for route in ROUTES], "infinity-serve", package_version(),
+    document = openapi.document([route.operation for route in ROUTES], "infinity-serve", served_version,
                                 names, server.url_prefix, api_key=bool(config.key_priorities()))
     app[OPENAPI] = msgspec.json.encode(document)
     app[DOCS] = openapi.render_html(document)
