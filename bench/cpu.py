@@ -33,14 +33,19 @@ def _machine_ticks() -> tuple[int, int]:
     return sum(fields[:8]), idle
 
 
-def _process_ticks(stat_path: Path, pgid: int | None) -> int:
-    """utime+stime+cutime+cstime of one process, or 0 if it is gone or not in ``pgid``."""
+def _stat_fields(stat_path: Path) -> list[str] | None:
+    """The fields of a process's stat after its command name (state first), or None if it is gone."""
     try:
         # The command name may hold spaces or parentheses: split after the last ')'.
-        rest = stat_path.read_text().rsplit(")", 1)[1].split()
+        return stat_path.read_text().rsplit(")", 1)[1].split()
     except (OSError, IndexError):
-        return 0
-    if pgid is not None and int(rest[2]) != pgid:
+        return None
+
+
+def _process_ticks(stat_path: Path, pgid: int | None) -> int:
+    """utime+stime+cutime+cstime of one process, or 0 if it is gone or not in ``pgid``."""
+    rest = _stat_fields(stat_path)
+    if rest is None or (pgid is not None and int(rest[2]) != pgid):
         return 0
     return sum(int(v) for v in rest[11:15])
 
@@ -85,10 +90,10 @@ def own_ticks_by_pid(pgid: int) -> dict[int, tuple[str, int]]:
         if entry.name.isdigit():
             try:
                 name = (entry / "comm").read_text().strip()
-                rest = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            except (OSError, IndexError):
+            except OSError:
                 continue
-            if int(rest[2]) == pgid:
+            rest = _stat_fields(entry / "stat")
+            if rest is not None and int(rest[2]) == pgid:
                 ticks[int(entry.name)] = (name, int(rest[11]) + int(rest[12]))
     return ticks
 
