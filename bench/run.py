@@ -392,6 +392,14 @@ def _load_noise(measured: Measured) -> float:
 def _load_once(args: argparse.Namespace, config: LoadConfig, pgid: int) -> Measured:
     others_before = wait_quiet(args, pgid)
     before = cpu.sample(pgid)
+    result, per_request = load_with_cpu(config, pgid)
+    return Measured(result, others_before, cpu.other_share(before, cpu.sample(pgid)), per_request)
+
+
+def load_with_cpu(config: LoadConfig, pgid: int) -> tuple[LoadResult, dict[str, float]]:
+    """Run one load against the server of process group `pgid`; return its result and the
+    CPU microseconds per request of each server process (by name) and of the load
+    generator over the measured seconds."""
     window: list[dict[str, int]] = []  # CPU ticks by process at the measured seconds' start and end
 
     def sample_ticks() -> None:
@@ -406,8 +414,7 @@ def _load_once(args: argparse.Namespace, config: LoadConfig, pgid: int) -> Measu
         for timer in timers:
             timer.cancel()  # a load cut short samples no more
             timer.join()
-    per_request = cpu.microseconds_per_request(*window, result.requests) if len(window) == 2 else {}
-    return Measured(result, others_before, cpu.other_share(before, cpu.sample(pgid)), per_request)
+    return result, cpu.microseconds_per_request(*window, result.requests) if len(window) == 2 else {}
 
 
 def bench_target(
