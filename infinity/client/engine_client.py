@@ -34,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
 from collections.abc import Callable, Iterator
 from contextvars import ContextVar
@@ -44,6 +45,7 @@ from numpy.lib.format import descr_to_dtype
 
 import msgspec
 
+from infinity.client.headroom import CoreHeadroom
 from infinity.client.supervisor import Child, Launch, spawn_process
 from infinity.client.topology import Replica, ServedModel, place
 from infinity.config import MediaConfig, ServerConfig
@@ -245,6 +247,8 @@ class EngineClient:
         self.tokenizers = topology.tokenizers
         self.inference = topology.inference
         self._inline = self._inline_tokenizers([model.spec for model in self.models.values()])
+        self._headroom = (CoreHeadroom(topology.shared_cores, self._pids) if topology.shared_cores is not None
+                          else None)
 
     @staticmethod
     def _inline_tokenizers(specs: list[ModelSpec]) -> dict[str, ModelTokenizer | TaskTokenizer]:
@@ -279,6 +283,11 @@ class EngineClient:
     @property
     def children(self) -> list[Child]:
         return [*self.tokenizers, *self.inference]
+
+    def _pids(self) -> list[int]:
+        """The front end's process id and its running children's (what `CoreHeadroom` counts)."""
+        return [os.getpid(), *(child.process.pid for child in self.children
+                               if child.process is not None and child.process.pid is not None)]
 
     @property
     def ready(self) -> bool:
@@ -343,7 +352,9 @@ class EngineClient:
                        inputs: ModelInputs) -> tuple[ModelTokenizer | TaskTokenizer | None, Child | None]:
         """Where `inputs` are tokenized: (the front end's tokenizer of `model`, None) where
         `_tokenized_here` says so and it has one, else (None, a tokenizer process)."""
-        inline = self._inline.get(model.spec.name) if _tokenized_here(inputs, idle=not self._pending) else None
+        crowded = self._headroom is not None and self._headroom.crowded()
+        here = _tokenized_here(inputs, idle=not self._pending, crowded=crowded)
+        inline = self._inline.get(model.spec.name) if here else None
         return inline, None if inline is not None else self._pick_tokenizer()
 
     async def _submit(self, pending: _Pending, request: protocol.Tokenize,
@@ -584,16 +595,18 @@ def chunk_starts(chunks: list[int]) -> np.ndarray:
     return np.cumsum([0, *chunks[:-1]])
 
 
-def _tokenized_here(inputs: ModelInputs, idle: bool) -> bool:
+def _tokenized_here(inputs: ModelInputs, idle: bool, crowded: bool = False) -> bool:
     """Whether the front end tokenizes `inputs` itself: one token-id sequence, one text of
-    at most `INLINE_MAX_CHARS`, or, with nothing else in flight (`idle`), texts of at most
-    `INLINE_IDLE_MAX_CHARS` in all; never pairs or media."""
+    at most `INLINE_MAX_CHARS` (of at most `INLINE_IDLE_MAX_CHARS` where the tokenizer
+    processes share cores that are `crowded`: `CoreHeadroom`), or, with nothing else in
+    flight (`idle`), texts of at most `INLINE_IDLE_MAX_CHARS` in all; never pairs or media."""
     if inputs.query is not None or inputs.media is not None:
         return False
     if inputs.texts is None:
         return len(inputs) == 1
     chars = sum(len(text) for text in inputs.texts)
-    return (len(inputs) == 1 and chars <= INLINE_MAX_CHARS) or (idle and chars <= INLINE_IDLE_MAX_CHARS)
+    one_text_max = INLINE_IDLE_MAX_CHARS if crowded else INLINE_MAX_CHARS
+    return (len(inputs) == 1 and chars <= one_text_max) or (idle and chars <= INLINE_IDLE_MAX_CHARS)
 
 
 def _vector_types(model: ServedModel, inputs: ModelInputs) -> list[str]:

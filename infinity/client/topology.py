@@ -141,6 +141,9 @@ class Topology:
     models: dict[str, ServedModel]  # by name
     tokenizers: list[Child]
     inference: list[Child]  # one per device
+    # The cores every process shares, where no tokenizer process has cores of its own
+    # (`supervisor.plan_cpus`); None where they have.
+    shared_cores: float | None = None
 
     @property
     def children(self) -> list[Child]:
@@ -156,11 +159,11 @@ def place(server: ServerConfig, specs: list[ModelSpec], args_of: ArgsOf, launch:
         models.setdefault(spec.name, ServedModel(spec, server.max_queued_items))
     all_devices = list(dict.fromkeys(spec.device for spec in specs))
     cpu_devices = [device for device in all_devices if devices.is_cpu(device)]
-    cpus, quota = usable_cpus(), cpu_quota()
-    if quota is not None and int(quota) < len(cpus):
+    usable, quota = usable_cpus(), cpu_quota()
+    if quota is not None and int(quota) < len(usable):
         log.info("CPU quota of %.2f cores on %d usable cores: processes sized for %d cores, not pinned",
-                 quota, len(cpus), max(1, int(quota)))
-    plan = plan_cpus(cpus, server.tokenizer_workers, max(1, len(cpu_devices)), quota)
+                 quota, len(usable), max(1, int(quota)))
+    plan = plan_cpus(usable, server.tokenizer_workers, max(1, len(cpu_devices)), quota)
     placement = dict(zip(cpu_devices, plan.cpu_partitions))
     first_specs = [model.spec for model in models.values()]
     tokenizers = [Child(args_of(f"tokenizer-{i}", first_specs, cpus, 1), TOKENIZER_ENTRY_POINT, launch,
@@ -174,4 +177,5 @@ def place(server: ServerConfig, specs: list[ModelSpec], args_of: ArgsOf, launch:
         inference.append(child)
         for spec in on_device:
             models[spec.name].replicas.append(Replica(device, child))
-    return Topology(models, tokenizers, inference)
+    shared = all(cores is None for cores in plan.tokenizer_cpus)
+    return Topology(models, tokenizers, inference, min(len(usable), quota or len(usable)) if shared else None)
