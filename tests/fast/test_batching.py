@@ -479,6 +479,30 @@ def test_the_express_lane_leaves_what_a_lane_should_take(running, lengths):
     assert thread.is_alive() and not got
 
 
+class _CountingCondition(threading.Condition):
+    def __init__(self, lock) -> None:
+        super().__init__(lock)
+        self.notified = 0
+
+    def notify(self, n: int = 1) -> None:
+        self.notified += 1
+        super().notify(n)
+
+
+@pytest.mark.parametrize("running, lengths, woken", [
+    ([100, 100], [8, 7], 1),
+    ([100, 100], [30], 0),  # a lane's to take: the express lane sleeps on
+    ([100, 60], [8, 7], 0),
+    ([60, 60], [8], 0),  # short passes: nothing for it, however many small requests arrive
+])
+def test_the_express_lane_is_woken_only_for_work_it_takes(running, lengths, woken):
+    scheduler = _scheduler(overhead=10, lanes=2, express=True)
+    scheduler._express_wakeup = wakeup = _CountingCondition(scheduler._lock)
+    _busy_lanes(scheduler, running)
+    _submit(scheduler, 1, lengths)
+    assert wakeup.notified == woken
+
+
 def test_the_express_lane_leaves_a_stream_of_small_requests_to_the_lanes():
     scheduler = _scheduler(overhead=10, lanes=2, express=True)
     _busy_lanes(scheduler, [100, 100])

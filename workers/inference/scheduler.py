@@ -411,9 +411,11 @@ class Scheduler:
         return batches[0]
 
     def _notify_express(self, queue: _Queue) -> None:
-        """Wake the express lane if it may have work in `queue` (lock held): only while every
-        lane of its model runs; waking it on every request costs a thread switch each."""
-        if queue.express and queue.by_cost and len(queue.passes) >= queue.lanes:
+        """Wake the express lane if it has work in `queue` now (lock held): each wake-up
+        costs a thread switch and the GIL, and under a stream of small requests, while
+        every lane runs, most would find nothing it may take."""
+        if (queue.express and queue.by_cost and len(queue.passes) >= queue.lanes
+                and (self._urgent_model() is not None or self._express_request() is not None)):
             self._express_wakeup.notify()
 
     def finish(self, batch: Batch, error: str | None = None) -> list[PendingRequest]:
