@@ -17,7 +17,7 @@ and the client's own time beside the server span's.
 Tracing costs the traced requests a little (spans, their export): read the stages against
 each other, and the total against an untraced run (`bench.lone`).
 
-Usage: .venv/bin/python -m bench.trace_breakdown [--texts 300] [--setting 'engine = "torch"']
+Usage: .venv/bin/python -m bench.trace_breakdown [--texts 300] [--model-dir DIR] [--setting 'engine = "torch"']
 """
 
 from __future__ import annotations
@@ -95,6 +95,7 @@ def stages(spans: list) -> dict[str, float] | None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--texts", type=int, default=300)
+    parser.add_argument("--model-dir", help="model folder (default: the packaged model), e.g. one of bench.base_models")
     parser.add_argument("--setting", action="append", default=[], help="a models.toml line for the model")
     add_quiet_cpu_args(parser)
     args = parser.parse_args()
@@ -102,7 +103,7 @@ def main() -> None:
     threading.Thread(target=collector.serve_forever, daemon=True).start()
     os.environ.update({"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{collector.server_address[1]}",
                        "OTEL_BSP_SCHEDULE_DELAY": "200"})
-    config = "\n".join(["[[models]]", f'name = "{DEFAULT_MODEL}"', f'source = "{packaged_model_folder()}"',
+    config = "\n".join(["[[models]]", f'name = "{DEFAULT_MODEL}"', f'source = "{args.model_dir or packaged_model_folder()}"',
                         *args.setting]) + "\n"
     texts = sentences(WARM_UP_TEXTS + args.texts, 0)
     client_ms: list[float] = []
