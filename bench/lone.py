@@ -4,7 +4,8 @@ path adds to one request's latency (bench/results/lone-request.md).
 The machine's speed drifts by a fifth or more within minutes, so a served median and an
 in-process median taken minutes apart do not compare. Here our server runs the model
 (`dtype = "auto"` unless `--setting` says otherwise), this process loads the same folder
-on the engine and dtype the server reports in `/v1/models`, and each of the load
+on the engine and dtype the server reports in `/v1/models` for a lone input (its
+`lone_backend` where it has one), and each of the load
 generator's first texts is run both ways, alternately: in process (tokenized, on the pass
 a lone input gets), then as one `POST /v1/embeddings` over a kept-alive connection, with
 a pause between so neither's threads still spin when the other runs. Reported: both
@@ -95,9 +96,10 @@ def main() -> None:
 
 
 def _served_engine(connection: http.client.HTTPConnection) -> tuple[str, str]:
+    """The engine and dtype the server runs a lone input on."""
     connection.request("GET", "/v1/models")
     model = next(m for m in json.loads(connection.getresponse().read())["data"] if m["id"] == DEFAULT_MODEL)
-    return model["backend"], model["dtype"]
+    return model["lone_backend"] or model["backend"], model["dtype"]
 
 
 def _embed(connection: http.client.HTTPConnection, text: str) -> None:

@@ -45,6 +45,11 @@ class ModelConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     # float16 (CUDA), ctranslate2 float32|float16|int8|int8_float16, openvino float32|bfloat16 (CPUs
     # that compute it natively); others fail the start naming the engine.
     dtype: Literal["float32", "float16", "bfloat16", "int8", "int8_float16", "auto"] = "auto"
+    # The engine a lone input's pass runs on (one that arrives while the model idles), where
+    # it is faster than the batches' engine: "auto" times, at load, the engines installed that
+    # serve the model in float32 on CPUs and keeps the fastest where it pays; "none": the
+    # batches' engine; an engine's name: that one (float32 on CPUs).
+    lone_engine: Literal[(*ENGINE_OUTPUTS, "auto", "none")] = "auto"  # type: ignore[valid-type]
     # None: from the model folder (sentence-transformers Pooling / Normalize modules).
     pooling: Pooling | None = None
     normalize: bool | None = None

@@ -66,6 +66,8 @@ def resolve_model(model: ModelConfig, cpu_bfloat16: bool = False) -> ModelSpec:
     dtype, float32_engine = _dtype(model), None
     if cpu_bfloat16 and _tries_bfloat16(model, kind):
         float32_engine, engine, dtype = engine, _bfloat16_engine(model, kind, config, tasks), "bfloat16"
+    lone_engines = _lone_engines(model, kind, config, float32_engine or (engine if dtype == "float32" else None),
+                                 _reads_unattended_states(tasks))
     return ModelSpec(
         name=model.name,
         kind=kind,
@@ -84,6 +86,8 @@ def resolve_model(model: ModelConfig, cpu_bfloat16: bool = False) -> ModelSpec:
         max_batch_size=model.max_batch_size,
         compile=model.compile,
         float32_engine=float32_engine,
+        lone_engines=lone_engines,
+        lone_engine_named=model.lone_engine not in ("auto", "none"),
         **fields,
     )
 
@@ -166,6 +170,38 @@ def _engine(model: ModelConfig, kind: str, config: dict, reads_unattended_states
             return engine
     return "torch"
 
+
+def _lone_engines(model: ModelConfig, kind: str, config: dict, float32_engine: str | None,
+                  reads_unattended_states: bool) -> tuple[str, ...]:
+    """The engines that may run a lone input's pass where the model is served in float32 on
+    CPUs (`float32_engine`: its batches' engine then; None: it is not) and is a text model:
+    the one `lone_engine` names, or for "auto" (with `engine = "auto"`, beside a converted
+    runtime's batches) those of `LONE_CANDIDATES` installed that can serve it
+    (workers/engines/by_shape.py times them)."""
+    if model.lone_engine == "none":
+        return ()
+    text_on_cpus = KINDS[kind].medium is None and all(devices.is_cpu(d) for d in model.devices)
+    if model.lone_engine == "auto":
+        # Where `auto` keeps torch for float32 (its padding-free families, or no other
+        # runtime serves the model), its lone input already runs on every thread: not timed.
+        if float32_engine in (None, "torch") or model.engine != "auto" or not text_on_cpus:
+            return ()
+        return tuple(name for name in LONE_CANDIDATES if name != float32_engine and _installed(name)
+                     and engine_refusal(name, KINDS[kind].outputs, config, reads_unattended_states) is None)
+    if not text_on_cpus:
+        raise ConfigError(f"model '{model.name}': lone_engine applies to text models on CPUs")
+    if float32_engine is None:
+        raise ConfigError(f"model '{model.name}': lone_engine applies to models served in float32 "
+                          f"(dtype \"float32\", or \"auto\" where the bfloat16 trial may choose it)")
+    refused = engine_refusal(model.lone_engine, KINDS[kind].outputs, config, reads_unattended_states)
+    if refused is not None:
+        raise ConfigError(f"model '{model.name}': lone_engine: {refused}")
+    return () if model.lone_engine == float32_engine else (model.lone_engine,)
+
+
+# What `lone_engine = "auto"` times beside the batches' engine: the runtimes whose pass on
+# every thread can beat CTranslate2's for one text (bench/results/engines.md#a-lone-input-on-another-runtime).
+LONE_CANDIDATES = ("onnx", "openvino")
 
 # The families `engine = "auto"` serves on torch, padding-free, where ONNX Runtime could
 # serve them too: the decoder embedders (Qwen3-Embedding, gte-Qwen2), whose export runs

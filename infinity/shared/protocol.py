@@ -109,6 +109,11 @@ class ModelSpec(msgspec.Struct, frozen=True):
     # windows one input may take (beyond, an input to embed is refused, a document cut).
     chunk_overlap: int = 0
     max_chunks_per_input: int = 64
+    # Engines that may run a lone input's pass in place of `engine` (float32 on CPUs): each
+    # is timed at load and the fastest kept where it pays (workers/engines/by_shape.py);
+    # with `lone_engine_named`, the one named in models.toml is kept untimed.
+    lone_engines: tuple[str, ...] = ()
+    lone_engine_named: bool = False
 
     def prompt_for(self, role: str | None) -> str:
         """The prompt of inputs whose request names none, encoded as `role` ("query",
@@ -169,6 +174,7 @@ class ModelInfo(msgspec.Struct, frozen=True, array_like=True):
     # Its outputs vary in size and come with `Done` (`Ragged`); its arena holds nothing.
     ragged: bool = False
     dtype: str = "float32"  # what it computes in (after the bfloat16 trial, where there was one)
+    lone_engine: str | None = None  # the engine a lone input's pass runs on, where not `engine`
 
 
 class Tokenize(msgspec.Struct, tag=True, array_like=True):

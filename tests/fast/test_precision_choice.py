@@ -16,6 +16,7 @@ from infinity.folders.resolve import resolve_model
 from infinity.shared.devices import cpu_computes_bfloat16, cpu_identity
 import workers.inference.precision
 from workers.inference.corpus import sentences
+from workers.engines.artifacts import read_record
 from workers.inference.precision import TrialFigures, keeps_bfloat16, load_by_trial, trial_record
 
 CLOSE = {"inputs": "texts", "mean_cosine": 0.99995, "min_cosine": 0.9999}
@@ -171,7 +172,7 @@ def test_unreadable_kept_figures_are_measured_again(cache, monkeypatch):
     monkeypatch.setattr(workers.inference.precision, "run_trial", lambda *args: [TrialFigures(**CLOSE, **FASTER)])
     loaded = []
     assert load_by_trial(spec, 2, _loader(loaded)).dtype == "bfloat16" and loaded == ["float32", "bfloat16"]
-    assert keeps_bfloat16(workers.inference.precision._read_figures(record))[0]
+    assert keeps_bfloat16(read_record(record, list[TrialFigures]))[0]
     assert [p.name for p in record.parent.iterdir()] == [record.name]  # no staging file left behind
 
 

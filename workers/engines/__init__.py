@@ -12,6 +12,7 @@ import msgspec
 from infinity.shared.kinds import RawOutput
 from infinity.shared.protocol import ModelSpec
 from workers.engines.base import Engine
+from workers.engines.by_shape import with_lone_engine
 
 log = logging.getLogger(__name__)
 
@@ -26,7 +27,13 @@ ENGINES = {
 
 def load_engine(spec: ModelSpec, threads: int, outputs: Mapping[str, RawOutput]) -> Engine:
     """The spec's engine, giving `outputs` (by medium); if it fails and "auto" chose it,
-    the fallback engine."""
+    the fallback engine; with another runtime for a lone input where the spec names
+    candidates and one pays (`workers.engines.by_shape`)."""
+    return with_lone_engine(_load_batches_engine(spec, threads, outputs), spec, threads, outputs,
+                            _load_batches_engine)
+
+
+def _load_batches_engine(spec: ModelSpec, threads: int, outputs: Mapping[str, RawOutput]) -> Engine:
     if spec.compile and spec.engine != "torch":
         raise ValueError(f"compile = true applies to the torch engine; '{spec.name}' runs on {spec.engine}")
     try:

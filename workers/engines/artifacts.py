@@ -1,6 +1,8 @@
 """Converted models on disk: an engine that needs the transformers weights in another
 format (a CTranslate2 folder, an ONNX graph) builds it once into the cache directory and
-reuses it on later starts.
+reuses it on later starts. Also the records of what was measured at a load (the bfloat16
+trial, the lone input's engine), kept so that a later start on the same machine decides
+from them without measuring (`measurement_record`).
 
 A build lives in `<cache>/<engine>/<model folder name>-<fingerprint>`, where the
 fingerprint covers the source folder's files (names, sizes, modification times) and the
@@ -16,10 +18,19 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Callable
+import logging
+from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import TypeVar
 
+import msgspec
+
+from infinity.shared.devices import cpu_identity
 from infinity.shared.folders import cache_dir
+from infinity.shared.protocol import ModelSpec
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 def versions(*packages: str) -> dict[str, str]:
@@ -58,3 +69,52 @@ def cached_build(engine: str, source: Path, settings: dict[str, str],
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return target, True
+
+
+# The libraries whose speed a measurement at load reads, by the engine that ran it.
+ENGINE_PACKAGES = {"ctranslate2": ("ctranslate2",), "onnx": ("onnxruntime", "onnxruntime-gpu"),
+                   "openvino": ("openvino",)}
+
+
+def measurement_record(what: str, spec: ModelSpec, threads: int, engines: Iterable[str], version: str) -> Path:
+    """Where the figures of measurement `what` (of that `version`) of `spec` with `threads`
+    threads on this machine are kept: keyed by the model's folder, its settings, the thread
+    count, the CPU and the versions of torch, this package and the `engines`' libraries."""
+    found = []
+    for package in sorted({"torch", "infinity-serve", *(p for e in engines for p in ENGINE_PACKAGES.get(e, ()))}):
+        try:
+            found.append(f"{package} {importlib.metadata.version(package)}")
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    # The name it is served under and the device do not change what is measured.
+    measured = msgspec.json.encode(msgspec.structs.replace(spec, name="", device="")).decode()
+    source = Path(spec.path)
+    digest = fingerprint(source, {"spec": measured, "threads": str(threads), "cpu": cpu_identity(),
+                                  "libraries": ", ".join(found), "version": version})
+    return cache_dir() / what / f"{source.name}-{digest}.json"
+
+
+def read_record(record: Path, kind: type[T]) -> T | None:
+    """The figures kept in `record`, or None where there are none (or unreadable ones)."""
+    try:
+        return msgspec.json.decode(record.read_bytes(), type=kind)
+    except FileNotFoundError:
+        return None
+    except (OSError, msgspec.DecodeError, msgspec.ValidationError) as exc:
+        log.warning("figures in %s cannot be read (%s); measuring again", record, exc)
+        return None
+
+
+def keep_record(record: Path, figures: object) -> None:
+    """Write `figures` to `record` whole or not at all; a record that cannot be written
+    only costs the next start its measurement."""
+    staging = None
+    try:
+        record.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=record.parent, prefix=".record-", delete=False) as staging:
+            staging.write(msgspec.json.encode(figures))
+        os.replace(staging.name, record)
+    except OSError as exc:
+        log.warning("figures cannot be kept in %s: %s", record, exc)
+        if staging is not None:
+            Path(staging.name).unlink(missing_ok=True)

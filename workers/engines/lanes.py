@@ -28,9 +28,13 @@ WIDE_COPY_PAUSE = 0.3  # seconds between tries
 def wants_copy(model: Path, lanes: int) -> bool:
     """Whether an engine with `lanes` lanes should load a second copy of the model in
     `model` (a folder, or one file of it) for wide passes or the express lane."""
+    return lanes > 1 and stored_bytes(model) <= WIDE_COPY_MAX_BYTES
+
+
+def stored_bytes(model: Path) -> int:
+    """The size of `model`: a folder's files, or one file."""
     files = [model] if model.is_file() else [path for path in model.rglob("*") if path.is_file()]
-    size = sum(path.stat().st_size for path in files)
-    return lanes > 1 and size <= WIDE_COPY_MAX_BYTES
+    return sum(path.stat().st_size for path in files)
 
 
 def wide_copy_pays(engine: _WithWideCopy, max_length: int) -> bool:

@@ -26,10 +26,7 @@ the record (its path is logged) measures again.
 from __future__ import annotations
 
 import gc
-import importlib.metadata
 import logging
-import os
-import tempfile
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -42,11 +39,9 @@ import msgspec
 import numpy as np
 import torch
 
-from infinity.shared.devices import cpu_identity
-from infinity.shared.folders import cache_dir
 from infinity.shared.kinds import KINDS
 from infinity.shared.protocol import ModelSpec
-from workers.engines.artifacts import fingerprint
+from workers.engines.artifacts import keep_record, measurement_record, read_record
 from workers.inference.corpus import sentences
 from workers.preprocess.media import feature_items, media_module
 from workers.preprocess.text import TokenItem, collate_tokens, load_tokenizer
@@ -74,8 +69,6 @@ _ITEMS = {"image": "images", "audio": "clips"}  # what the figures call a medium
 _SEED = 20261201  # any fixed seed: the same texts on every start
 # How the figures are measured: a change here makes every model's kept figures stale.
 TRIAL_VERSION = "1"
-# The libraries whose speed the figures measure, by the engine that ran either precision.
-_PACKAGES = {"ctranslate2": ("ctranslate2",), "onnx": ("onnxruntime", "onnxruntime-gpu"), "openvino": ("openvino",)}
 
 
 @dataclass(frozen=True)
@@ -127,7 +120,7 @@ def load_by_trial(spec: ModelSpec, threads: int, load: Callable[[ModelSpec, int]
         fallback_engine="torch" if spec.float32_engine != "torch" else None)
     bfloat16_spec = msgspec.structs.replace(spec, float32_engine=None)
     record = trial_record(spec, threads)
-    kept = _read_figures(record)
+    kept = read_record(record, list[TrialFigures])
     if kept is None:
         return _load_by_new_trial(spec, float32_spec, bfloat16_spec, threads, load, record)
     keep, why = keeps_bfloat16(kept)
@@ -151,7 +144,7 @@ def _load_by_new_trial(spec: ModelSpec, float32_spec: ModelSpec, bfloat16_spec: 
         # bfloat16 is an option: a model that cannot load or run it is served as it was.
         log.warning("'%s' cannot be tried in bfloat16; serving float32", spec.name, exc_info=True)
         return exact
-    _keep_figures(record, figures)
+    keep_record(record, figures)
     keep, why = keeps_bfloat16(figures)
     log.info("'%s' serves %s: %s", spec.name, "bfloat16" if keep else "float32", why)
     chosen = reduced if keep else exact
@@ -162,46 +155,7 @@ def _load_by_new_trial(spec: ModelSpec, float32_spec: ModelSpec, bfloat16_spec: 
 
 def trial_record(spec: ModelSpec, threads: int) -> Path:
     """Where the figures of `spec`'s trial with `threads` threads on this machine are kept."""
-    packages = sorted({"torch", "infinity-serve", *_PACKAGES.get(spec.engine, ()),
-                       *_PACKAGES.get(spec.float32_engine or "", ())})
-    versions = []
-    for package in packages:
-        try:
-            versions.append(f"{package} {importlib.metadata.version(package)}")
-        except importlib.metadata.PackageNotFoundError:
-            pass
-    # The name it is served under and the device do not change what is measured.
-    measured = msgspec.json.encode(msgspec.structs.replace(spec, name="", device="")).decode()
-    source = Path(spec.path)
-    digest = fingerprint(source, {"spec": measured, "threads": str(threads), "cpu": cpu_identity(),
-                                  "libraries": ", ".join(versions), "trial": TRIAL_VERSION})
-    return cache_dir() / "precision" / f"{source.name}-{digest}.json"
-
-
-def _read_figures(record: Path) -> list[TrialFigures] | None:
-    """The figures kept in `record`, or None where there are none (or unreadable ones)."""
-    try:
-        return msgspec.json.decode(record.read_bytes(), type=list[TrialFigures])
-    except FileNotFoundError:
-        return None
-    except (OSError, msgspec.DecodeError, msgspec.ValidationError) as exc:
-        log.warning("trial figures in %s cannot be read (%s); trying again", record, exc)
-        return None
-
-
-def _keep_figures(record: Path, figures: list[TrialFigures]) -> None:
-    """Write `figures` to `record` whole or not at all; a cache that cannot be written
-    only costs the next start its trial."""
-    staging = None
-    try:
-        record.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=record.parent, prefix=".trial-", delete=False) as staging:
-            staging.write(msgspec.json.encode(figures))
-        os.replace(staging.name, record)
-    except OSError as exc:
-        log.warning("trial figures cannot be kept in %s: %s", record, exc)
-        if staging is not None:
-            Path(staging.name).unlink(missing_ok=True)
+    return measurement_record("precision", spec, threads, (spec.engine, spec.float32_engine or ""), TRIAL_VERSION)
 
 
 # Runs one batch (or one lone input) of a trial on a model, giving its output.

@@ -36,6 +36,7 @@ from infinity.shared.kinds import KINDS
 from infinity.shared.protocol import ModelSpec
 from infinity.shared.shm import Arena, SharedMemoryTooSmall
 from workers.engines import set_torch_threads
+from workers.engines.by_shape import lone_engine_of
 from workers.heads import LoadedModel, load_model
 from workers.inference.calibration import on_threads, text_lanes, warm_up, warm_up_media
 from workers.inference.scheduler import Batch, PendingRequest, QueuePolicy, Scheduler, media_queue, queue_model
@@ -110,7 +111,8 @@ def serve(args: protocol.WorkerArgs, channel: ChannelToFront,
     infos = [protocol.ModelInfo(spec.name, spec.kind, models[spec.name].head.dim, spec.max_length,
                                 models[spec.name].head.labels, models[spec.name].head.activation,
                                 arenas[spec.name].name, args.arena_slots, models[spec.name].engine.name,
-                                KINDS[spec.kind].ragged, models[spec.name].dtype)
+                                KINDS[spec.kind].ragged, models[spec.name].dtype,
+                                lone_engine_of(models[spec.name].engine))
              for spec in args.models]
     channel.send(protocol.Ready(args.name, os.getpid(), infos))
     _serve(by_queue, scheduler, channel, niceness=lane_niceness)

@@ -43,6 +43,7 @@ def _model_card(model: ServedModel) -> ModelCard:
         capabilities=list(model.kind.capabilities),
         backend=info.engine if info else spec.engine,
         dtype=info.dtype if info else spec.dtype,
+        lone_backend=info.lone_engine if info else None,
         stats=ModelStats(queue_fraction=queued / model.pool.capacity, queue_absolute=queued,
                          results_pending=sum(replica.outstanding for replica in model.replicas),
                          batch_size=spec.max_batch_size),
@@ -55,7 +56,8 @@ def _model_card(model: ServedModel) -> ModelCard:
         # Each replica's readiness and the inputs it has computed (how the load spreads).
         replicas=[ReplicaCard(replica.device, replica.ready, replica.served,
                               replica.info.engine if replica.info else None,
-                              replica.info.dtype if replica.info else None) for replica in model.replicas],
+                              replica.info.dtype if replica.info else None,
+                              replica.info.lone_engine if replica.info else None) for replica in model.replicas],
     )
 
 

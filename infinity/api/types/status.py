@@ -23,6 +23,7 @@ class ReplicaCard(Struct):
     inputs: int  # computed so far
     engine: str | None
     dtype: str | None  # what it computes in: float32, bfloat16, ...
+    lone_engine: str | None  # the engine a lone input's pass runs on, where not `engine`
 
 
 class ModelCard(Struct, kw_only=True):
@@ -34,6 +35,7 @@ class ModelCard(Struct, kw_only=True):
     capabilities: list[str]
     backend: str  # the engine of the first replica that loaded
     dtype: str  # what the first replica that loaded computes in (until one has: what its spec asks)
+    lone_backend: str | None  # the first replica's engine for a lone input, where not `backend`
     stats: ModelStats
     ready: bool
     dimensions: int | None

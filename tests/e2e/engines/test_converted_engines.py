@@ -146,3 +146,24 @@ def test_openvino_refuses_bfloat16_on_cpus_without_it(monkeypatch):
     monkeypatch.setattr("infinity.shared.devices.cpu_computes_bfloat16", lambda: False)
     with pytest.raises(ValueError, match="bfloat16 on CPUs that compute it natively"):
         load_model(resolve_model(ModelConfig(name="e", engine="openvino", dtype="bfloat16")), 1)
+
+
+def test_a_lone_input_on_the_named_lone_engine_gives_the_vector_the_batches_engine_gives(start_server, sentences,
+                                                                                         reference_vectors):
+    """`lone_engine = "onnx"` beside CTranslate2's batches (workers/engines/by_shape.py):
+    reported in `/v1/models`; a text sent alone (its pass on ONNX Runtime) and the same text
+    in a batch (on CTranslate2) give the same vector to float32's rounding, and the
+    reference's."""
+    _require("onnx")
+    _require("ctranslate2")
+    server = start_server(config='[[models]]\nname = "m"\nengine = "ctranslate2"\ndtype = "float32"\n'
+                                 'lone_engine = "onnx"\n')
+    card = server.get("/v1/models").json()["data"][0]
+    assert (card["backend"], card["lone_backend"], card["replicas"][0]["lone_engine"]) == (
+        "ctranslate2", "onnx", "onnx")
+    for index in range(3):
+        server.wait_idle()
+        (alone,) = _served(server, "m", [sentences[index]])
+        in_batch = _served(server, "m", sentences[:8])[index]
+        assert cosine(alone, in_batch) >= 0.99999
+        assert cosine(alone, reference_vectors[index]) >= MIN_COSINE
