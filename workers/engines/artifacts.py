@@ -15,10 +15,10 @@ from __future__ import annotations
 import hashlib
 import importlib.metadata
 import json
+import logging
 import os
 import shutil
 import tempfile
-import logging
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TypeVar
