@@ -246,6 +246,34 @@ def test_a_lane_lowers_its_own_threads_cpu_priority_and_no_other():
     assert nice() == before
 
 
+def test_threads_a_runtime_starts_while_built_for_the_lanes_get_their_nice_value_and_the_caller_keeps_its():
+    import os
+
+    from workers.engines.lanes import LANE_NICENESS, built_at_lane_niceness
+
+    def nice() -> int:
+        return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+    seen = []
+
+    def build() -> str:  # a runtime starting its worker while it is built
+        worker = threading.Thread(target=lambda: seen.append(nice()))
+        worker.start()
+        worker.join(5)
+        return "runtime"
+
+    before = nice()
+    assert built_at_lane_niceness(build) == "runtime"
+    assert seen == [min(before + LANE_NICENESS, 19)]
+    assert nice() == before
+
+    def fail() -> None:
+        raise ValueError("no such graph")
+
+    with pytest.raises(ValueError, match="no such graph"):
+        built_at_lane_niceness(fail)
+
+
 def _reference_cut(queue, now: float) -> list:
     """The batch `queue` cuts next, found the plain way: every waiting input looked at for
     the anchor and for the riders (what `scheduler._cut` finds from the requests)."""

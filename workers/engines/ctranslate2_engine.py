@@ -11,6 +11,7 @@ import json
 import logging
 import tempfile
 from collections.abc import Callable, Iterator, Mapping
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +23,7 @@ from infinity.shared.kinds import TEXT, RawOutput
 from infinity.shared.protocol import ModelSpec
 from workers.engines.artifacts import cached_build, versions
 from workers.engines.base import pad_id
-from workers.engines.lanes import settle_wide_copy, wants_copy
+from workers.engines.lanes import built_at_lane_niceness, settle_wide_copy, wants_copy
 
 log = logging.getLogger(__name__)
 
@@ -84,11 +85,12 @@ class CTranslate2Engine:
         # each: more sentences/s than one replica on every thread
         # (bench/results/code-choices.md#figures-behind-the-code-choices).
         self.lanes = threads if device == "cpu" else 1
-        self._encoder = ctranslate2.Encoder(str(folder), device=device, device_index=index,
-                                            compute_type=COMPUTE_TYPES[spec.dtype],
-                                            intra_threads=1 if device == "cpu" else threads,
-                                            inter_threads=self.lanes)
         copies = wants_copy(folder, self.lanes)
+        build = partial(ctranslate2.Encoder, str(folder), device=device, device_index=index,
+                        compute_type=COMPUTE_TYPES[spec.dtype], intra_threads=1 if device == "cpu" else threads,
+                        inter_threads=self.lanes)
+        # Its workers compute the lanes' passes: beside an express lane (the copies') at the lanes' nice value.
+        self._encoder = built_at_lane_niceness(build) if copies else build()
         self._wide = ctranslate2.Encoder(str(folder), device=device, compute_type=COMPUTE_TYPES[spec.dtype],
                                          intra_threads=threads) if copies else None
         # The express lane's own copy: one more replica of `_encoder` instead would take

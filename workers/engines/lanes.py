@@ -2,14 +2,18 @@
 Runtime on a CPU) may also keep a copy of the model for passes on every thread: a wide
 pass for a lone input while the other lanes idle, and (CTranslate2) the express lane's
 copy. A copy is made for small models only (`wants_copy`) and kept only where its passes
-measured faster at load (`settle_wide_copy`)."""
+measured faster at load (`settle_wide_copy`). Where an express lane runs beside the lanes,
+the threads that compute the lanes' passes run at a higher nice value (`LANE_NICENESS`)."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import numpy as np
 import torch
@@ -23,6 +27,49 @@ WIDE_COPY_MAX_BYTES = 512 * 2**20
 WIDE_COPY_MAX_TIME = 0.85
 WIDE_COPY_TRIES = 3
 WIDE_COPY_PAUSE = 0.3  # seconds between tries
+
+
+# Added to the nice value of the threads that compute the lanes' passes where an express lane
+# runs beside them: a thread at the default value then gets about 90% of a core it shares
+# with a lane (the kernel's weights for nice 0 and 10), so an express pass runs at nearly
+# its own speed.
+LANE_NICENESS = 10
+
+_Built = TypeVar("_Built")
+
+
+def add_niceness(niceness: int) -> None:
+    """Add `niceness` to the calling thread's nice value (on Linux a nice value belongs to
+    a thread: this one's only). Where the system refuses, the thread keeps its value and
+    lanes share cores evenly with the express lane."""
+    with contextlib.suppress(OSError):
+        thread = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, thread, os.getpriority(os.PRIO_PROCESS, thread) + niceness)
+
+
+def built_at_lane_niceness(build: Callable[[], _Built]) -> _Built:
+    """`build()`, called on a thread of its own at the lanes' nice value. For a runtime
+    that computes its lanes' passes on threads it starts while it is built (OpenVINO's
+    streams, CTranslate2's workers), not on its callers': a thread starts at the nice value
+    of the thread that starts it, and an unprivileged process cannot lower one again, so
+    this is where those threads get the lanes' value (the inference process sets the lanes'
+    own threads', workers/inference/worker.py)."""
+    built: list[_Built] = []
+    failed: list[BaseException] = []
+
+    def run() -> None:
+        add_niceness(LANE_NICENESS)
+        try:
+            built.append(build())
+        except BaseException as exc:  # noqa: BLE001 (raised again in the calling thread)
+            failed.append(exc)
+
+    builder = threading.Thread(target=run, name="lanes-builder")
+    builder.start()
+    builder.join()
+    if failed:
+        raise failed[0]
+    return built[0]
 
 
 def wants_copy(model: Path, lanes: int) -> bool:

@@ -19,6 +19,7 @@ import inspect
 import logging
 import warnings
 from collections.abc import Iterator, Mapping
+from functools import partial
 from pathlib import Path
 from typing import Protocol
 
@@ -30,7 +31,7 @@ from infinity.shared.kinds import TEXT, RawOutput
 from infinity.shared.protocol import ModelSpec
 from workers.engines.artifacts import cached_build, versions
 from workers.engines.base import auto_class, model_output, pad_id
-from workers.engines.lanes import settle_wide_copy, wants_copy
+from workers.engines.lanes import built_at_lane_niceness, settle_wide_copy, wants_copy
 
 log = logging.getLogger(__name__)
 
@@ -186,12 +187,14 @@ class GraphEngine(abc.ABC):
         # small enough to copy; else one pass at a time on every thread.
         in_lanes = devices.is_cpu(spec.device) and wants_copy(folder / GRAPH if two_towers else folder, threads)
         self.lanes = threads if in_lanes else 1
-        self._graph = self._compile(folder / GRAPH, spec.device, 1 if in_lanes else threads, self.lanes)
+        express_copy = in_lanes and not self.express_beside_lanes
+        self.express = self.lanes > 1 and (self.express_beside_lanes or express_copy)
+        compile_lanes = partial(self._compile, folder / GRAPH, spec.device, 1 if in_lanes else threads, self.lanes)
+        # A runtime may compute the lanes' passes on threads it starts here (OpenVINO's streams).
+        self._graph = built_at_lane_niceness(compile_lanes) if self.express else compile_lanes()
         self._vision = self._compile(folder / VISION_GRAPH, spec.device, threads, 1) if two_towers else None
         self._wide = self._compile(folder / GRAPH, spec.device, threads, 1) if in_lanes else None
-        express_copy = in_lanes and not self.express_beside_lanes
         self._express = self._compile(folder / GRAPH, spec.device, 1, 1) if express_copy else None
-        self.express = self.lanes > 1 and (self.express_beside_lanes or express_copy)
         self.pad_id = pad_id(spec)
         settle_wide_copy(self, spec.max_length)
 

@@ -8,7 +8,8 @@ lanes run the engine, so the queue is filled and sorted during each forward pass
 lane per forward pass the engines can run at once (`Engine.lanes`; for torch on a CPU,
 a single-threaded pass per core), each cutting its next batch the moment it is free.
 Where the scheduler has an express lane, the lanes run at a lower CPU priority (a higher
-nice value) than every other thread of the server: the express pass of a query that
+nice value) than every other thread of the server (and so do the threads on which an
+engine computes its lanes' passes, `workers.engines.lanes.built_at_lane_niceness`): the express pass of a query that
 arrives while every lane computes takes a core at once instead of sharing it with a
 lane's long pass, and the front end and the tokenizers are never slowed by the lanes.
 """
@@ -37,6 +38,7 @@ from infinity.shared.protocol import ModelSpec
 from infinity.shared.shm import Arena, SharedMemoryTooSmall
 from workers.engines import set_torch_threads
 from workers.engines.by_shape import lone_engine_of
+from workers.engines.lanes import LANE_NICENESS, add_niceness
 from workers.heads import LoadedModel, load_model
 from workers.inference.calibration import on_threads, text_lanes, warm_up, warm_up_media
 from workers.inference.scheduler import Batch, PendingRequest, QueuePolicy, Scheduler, media_queue, queue_model
@@ -141,21 +143,12 @@ class _Queue:
     wide_runner: Executor | None = None
 
 
-# Added to the nice value of the lanes' threads where an express lane runs beside them: a
-# thread at the default value then gets about 90% of a core it shares with a lane (the
-# kernel's weights for nice 0 and 10), so an express pass runs at nearly its own speed.
-LANE_NICENESS = 10
-
-
 def _serve(by_queue: dict[str, _Queue], scheduler: Scheduler, channel: ChannelToFront,
            take: Callable[[], Batch] | None = None, niceness: int = 0) -> None:
     """One lane: run batches as they are cut (`take`: by the scheduler's `next_batch`)
     until the front end closes the channel; `niceness`: added to this thread's nice value."""
     if niceness:
-        with contextlib.suppress(OSError):  # where the system refuses, the lanes share cores evenly
-            # On Linux a nice value belongs to a thread: this one's only.
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(),
-                           os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) + niceness)
+        add_niceness(niceness)
     take = take or scheduler.next_batch
     with contextlib.suppress(ChannelClosed):
         while True:

@@ -6,8 +6,14 @@ OpenVINO in process against the torch engine on the default model (float32, and 
 on CPUs that compute it natively); clear refusals. Every family and kind against the torch
 engine: tests/e2e/engines/test_engines.py."""
 
+import contextlib
 import importlib.util
 import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
 
 import msgspec
 import numpy as np
@@ -21,6 +27,7 @@ from tests.support.reference import MIN_COSINE, cosine
 from tests.support.tiny_models import (assert_reranks_like_cross_encoder, save_tiny_cross_encoder,
                                        save_tiny_family_model)
 from workers.engines.base import pad_id
+from workers.engines.lanes import LANE_NICENESS
 from workers.heads import load_model
 from workers.inference import precision
 
@@ -111,7 +118,14 @@ def test_ctranslate2_refuses_families_it_cannot_convert(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def openvino_vectors(tmp_path_factory, sentences) -> dict[str, list[np.ndarray]]:
+def engine_cache(tmp_path_factory) -> Path:
+    """A cache folder for this module's in-process engines: one OpenVINO export of the
+    default model for all of them."""
+    return tmp_path_factory.mktemp("engine-cache")
+
+
+@pytest.fixture(scope="module")
+def openvino_vectors(engine_cache, sentences) -> dict[str, list[np.ndarray]]:
     """The default model's vectors of some test sentences, in batches of similar lengths,
     by engine and dtype: torch float32, and OpenVINO float32 and (where the CPU computes
     it) bfloat16 from one export."""
@@ -120,7 +134,7 @@ def openvino_vectors(tmp_path_factory, sentences) -> dict[str, list[np.ndarray]]
     texts = precision.text_inputs(spec, pad_id(spec), sentences[:24], batch=8, lones=1)
     dtypes = ["float32", "bfloat16"] if cpu_computes_bfloat16() else ["float32"]
     with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("INFINITY_CACHE_DIR", str(tmp_path_factory.mktemp("openvino-cache")))
+        patch.setenv("INFINITY_CACHE_DIR", str(engine_cache))
         specs = {"torch:float32": spec} | {f"openvino:{dtype}": msgspec.structs.replace(spec, engine="openvino",
                                                                                           dtype=dtype)
                                            for dtype in dtypes}
@@ -139,6 +153,55 @@ def test_openvino_bfloat16_meets_the_trials_bar(openvino_vectors):
     cosines = precision.row_cosines(openvino_vectors["openvino:bfloat16"], openvino_vectors["torch:float32"])
     assert cosines.mean() >= precision.MEAN_COSINE and cosines.min() >= precision.MIN_COSINE
     assert cosines.mean() < 1 - 1e-7  # bfloat16 was computed: OpenVINO did not keep float32
+
+
+@pytest.mark.parametrize("engine", ["ctranslate2", "openvino"])
+def test_lane_passes_yield_to_the_express_lane_on_engines_with_threads_of_their_own(engine, engine_cache,
+                                                                                      monkeypatch):
+    """CTranslate2 and OpenVINO compute a lane's pass on threads they start themselves, not
+    on the lane's: beside an express lane those run at the lanes' nice value (so a query's
+    express pass takes a core from a bulk pass, as on the torch engine, whose lanes' own
+    threads the inference process sets), the express pass at the caller's."""
+    pytest.importorskip(engine)
+    monkeypatch.setenv("INFINITY_CACHE_DIR", str(engine_cache))
+    spec = resolve_model(ModelConfig(name="m", engine=engine, dtype="float32"))
+    engine_ = load_model(spec, threads=2).engine
+    assert (engine_.name, engine_.lanes, engine_.express) == (engine, 2, True)
+    ids = np.full((16, 64), pad_id(spec) + 5, dtype=np.int64)
+    mask, types = np.ones_like(ids), np.zeros_like(ids)
+    caller = os.getpriority(os.PRIO_PROCESS, 0)
+    lane = _cpu_by_nice_value(lambda: engine_.forward(ids, mask, types))
+    express = _cpu_by_nice_value(lambda: engine_.forward(ids, mask, types, express=True))
+    assert lane.get(min(caller + LANE_NICENESS, 19), 0) >= 0.8 * sum(lane.values()), lane
+    assert express.get(caller, 0) >= 0.8 * sum(express.values()), express
+
+
+def _cpu_by_nice_value(call: Callable[[], object], ticks: int = 60) -> dict[int, int]:
+    """The CPU time (clock ticks) this process's threads spent while a thread of its own at
+    the caller's nice value made `call` until `ticks` were spent, by nice value."""
+    def threads() -> dict[int, tuple[int, int]]:  # thread id -> (ticks, nice value)
+        found = {}
+        for thread in os.listdir("/proc/self/task"):
+            with contextlib.suppress(FileNotFoundError):  # a thread that ended meanwhile
+                fields = Path(f"/proc/self/task/{thread}/stat").read_text().rsplit(")", 1)[1].split()
+                found[int(thread)] = (int(fields[11]) + int(fields[12]), int(fields[16]))
+        return found
+
+    def repeat() -> None:
+        start = time.monotonic()
+        while sum(spent for spent, _ in threads().values()) - before_total < ticks and time.monotonic() - start < 30:
+            for _ in range(10):
+                call()
+
+    before = threads()
+    before_total = sum(spent for spent, _ in before.values())
+    caller = threading.Thread(target=repeat)
+    caller.start()
+    caller.join()
+    by_nice: dict[int, int] = {}
+    for thread, (spent, nice) in threads().items():
+        by_nice[nice] = by_nice.get(nice, 0) + spent - before.get(thread, (0, 0))[0]
+    return by_nice
 
 
 def test_openvino_refuses_bfloat16_on_cpus_without_it(monkeypatch):
