@@ -89,7 +89,7 @@ class CTranslate2Engine:
         build = partial(ctranslate2.Encoder, str(folder), device=device, device_index=index,
                         compute_type=COMPUTE_TYPES[spec.dtype], intra_threads=1 if device == "cpu" else threads,
                         inter_threads=self.lanes)
-        # Its workers compute the lanes' passes: beside an express lane (the copies') at the lanes' nice value.
+        # Its workers compute the lanes' passes; where the copies give an express lane, at the lanes' nice value.
         self._encoder = built_at_lane_niceness(build) if copies else build()
         self._wide = ctranslate2.Encoder(str(folder), device=device, compute_type=COMPUTE_TYPES[spec.dtype],
                                          intra_threads=threads) if copies else None

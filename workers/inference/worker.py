@@ -8,10 +8,11 @@ lanes run the engine, so the queue is filled and sorted during each forward pass
 lane per forward pass the engines can run at once (`Engine.lanes`; for torch on a CPU,
 a single-threaded pass per core), each cutting its next batch the moment it is free.
 Where the scheduler has an express lane, the lanes run at a lower CPU priority (a higher
-nice value) than every other thread of the server (and so do the threads on which an
-engine computes its lanes' passes, `workers.engines.lanes.built_at_lane_niceness`): the express pass of a query that
-arrives while every lane computes takes a core at once instead of sharing it with a
-lane's long pass, and the front end and the tokenizers are never slowed by the lanes.
+nice value) than every other thread of the server, and so do the threads on which an
+engine computes its lanes' passes (`workers.engines.lanes.built_at_lane_niceness`): the
+express pass of a query that arrives while every lane computes takes a core at once
+instead of sharing it with a lane's long pass, and the front end and the tokenizers are
+never slowed by the lanes.
 """
 
 from __future__ import annotations
