@@ -68,9 +68,11 @@ def print_report(report: dict[str, object], path: Path | None) -> None:
         path.write_text(json.dumps(report, indent=1))
 
 
-def start_server(cwd: Path, port: int, log: Path) -> subprocess.Popen:
+def start_server(cwd: Path, port: int, log: Path, config: Path | None = None) -> subprocess.Popen:
+    """`infinity serve` from `cwd` on `port` (with `config`, a models.toml, when given), once healthy."""
+    options = ["--config", str(config.resolve())] if config is not None else []
     process = subprocess.Popen([sys.executable, "-m", "infinity", "serve", "--host", "127.0.0.1",
-                                "--port", str(port)], cwd=cwd, stdout=log.open("wb"), stderr=subprocess.STDOUT,
+                                "--port", str(port), *options], cwd=cwd, stdout=log.open("wb"), stderr=subprocess.STDOUT,
                                env={**os.environ, "PYTHONPATH": str(cwd)})
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline:

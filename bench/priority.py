@@ -102,13 +102,15 @@ def main() -> None:
     parser.add_argument("--query-think", type=float, default=0.0,
                         help="seconds the query client waits after each answer (default 0: back to back)")
     parser.add_argument("--server-cwd", type=Path, default=REPO)
+    parser.add_argument("--config", type=Path,
+                        help="a models.toml serving all-MiniLM-L6-v2 otherwise (another engine or dtype)")
     parser.add_argument("--port", type=int, default=7322)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     log = Path(f"/tmp/priority-server-{args.port}.log")
-    server = start_server(args.server_cwd, args.port, log)
+    server = start_server(args.server_cwd, args.port, log, args.config)
     url = f"http://127.0.0.1:{args.port}"
-    report: dict[str, object] = {"server": str(args.server_cwd), "duration s": args.duration,
+    report: dict[str, object] = {"server": str(args.server_cwd), "config": str(args.config), "duration s": args.duration,
                                  "bulk": f"{args.bulk_clients}x{args.bulk_batch}", "query think s": args.query_think}
     phases = {"query alone": (True, None), "bulk alone": (False, 0), "both, bulk at priority 0": (True, 0),
               "both, bulk at priority 1": (True, 1)}
