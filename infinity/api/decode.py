@@ -64,6 +64,15 @@ _KEY = re.compile(rb'\s*[{,]\s*("(?:[^"\\]|\\.)*")\s*:\s*')
 
 _END = re.compile(rb"\s*}\s*")
 
+# A string's closing quote and a colon after it. Every member's key ends so; a quote inside a
+# string is escaped (`\"`), yet `\":` in a text matches too, as do nested objects' keys: the
+# matches are never fewer than the keys the top-level object names.
+_KEY_END = re.compile(rb'"\s*:')
+
+# Bodies up to this long are first counted whole (a request of a few texts); a count that
+# proves no key repeated spares the walk.
+_COUNTED_BYTES = 4096
+
 
 def _repeated_key(body: bytes | bytearray, members: dict[str, msgspec.Raw]) -> str | None:
     """The first key the top-level object of `body` (valid JSON) names twice, or None.
@@ -75,6 +84,8 @@ def _repeated_key(body: bytes | bytearray, members: dict[str, msgspec.Raw]) -> s
     one's bytes leaves the walk off a member boundary, which only a repeated key does."""
     if not members:
         return None
+    if len(body) <= _COUNTED_BYTES and len(_KEY_END.findall(body)) == len(members):
+        return None  # as many key ends as distinct keys: none was named twice
     position, seen, key = 0, set(), None
     while len(seen) < len(members):
         found = _KEY.match(body, position)

@@ -1,12 +1,14 @@
 """Unit tests of the message protocol, request-body checks and the shared-memory arena."""
 
 import os
+import random
 import shutil
 
 import msgspec
 import numpy as np
 import pytest
 
+from infinity.api import decode
 from infinity.api.errors import APIError
 from infinity.api.decode import _repeated_key, decode_body
 from infinity.api.inputs import text_or_token_inputs
@@ -128,6 +130,29 @@ def test_repeated_keys_are_found(body, repeated):
         with pytest.raises(APIError) as error:
             decode_body(body, EmbeddingRequest)
         assert (error.value.status, error.value.param) == (400, repeated)
+
+
+def test_the_counted_check_agrees_with_the_walk(monkeypatch):
+    """Short bodies are first counted (`_KEY_END`); on bodies that repeat keys in every
+    spelling and spacing, with key-like text in values and nested objects, the count never
+    clears a body the walk alone would refuse, nor refuses one."""
+    rng = random.Random(7)
+    values = [b"1", b'"x"', b'"t\\": 1"', b'{"a": 1, "a": 2}', b'[1, {"b": 2}]', b'"a\\u0022: "', b"null"]
+
+    def spelled(key: str) -> bytes:
+        return (b'"\\u%04x' % ord(key[0]) + key[1:].encode() + b'"') if rng.random() < 0.2 else b'"%s"' % key.encode()
+
+    bodies = []
+    for _ in range(400):
+        keys = [rng.choice(["a", "b", "input", "model"]) for _ in range(rng.randint(1, 5))]
+        space = rng.choice([b"", b" ", b"\n "])
+        members = [spelled(key) + space + b":" + rng.choice([b"", b" "]) + rng.choice(values) for key in keys]
+        bodies.append((b"{" + (b"," + space).join(members) + b"}", len(set(keys)) < len(keys)))
+    counted = [_repeated_key(body, msgspec.json.decode(body, type=dict[str, msgspec.Raw])) for body, _ in bodies]
+    monkeypatch.setattr(decode, "_COUNTED_BYTES", -1)
+    walked = [_repeated_key(body, msgspec.json.decode(body, type=dict[str, msgspec.Raw])) for body, _ in bodies]
+    assert counted == walked
+    assert [found is not None for found in counted] == [repeats for _, repeats in bodies]
 
 
 def test_arena_is_shared_between_mappings_and_removed_by_name():
