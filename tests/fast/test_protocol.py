@@ -155,6 +155,16 @@ def test_the_counted_check_agrees_with_the_walk(monkeypatch):
     assert [found is not None for found in counted] == [repeats for _, repeats in bodies]
 
 
+def test_a_short_body_without_repeats_is_cleared_without_the_walk(monkeypatch):
+    class NoWalk:
+        def match(self, *args: object) -> None:
+            raise AssertionError("the walk ran")
+
+    monkeypatch.setattr(decode, "_KEY", NoWalk())
+    body = b'{"model": "m", "input": ["a", "b"], "encoding_format": "float"}'
+    assert _repeated_key(body, msgspec.json.decode(body, type=dict[str, msgspec.Raw])) is None
+
+
 def test_arena_is_shared_between_mappings_and_removed_by_name():
     folder = shm.ServerFolder()
     name = folder.arena_prefix() + "unit-test"
