@@ -19,8 +19,8 @@ same command again after a failure (a `kill -9` of the whole job included) and t
 already written are filtered out as they are read, a file whose write was cut short is
 removed, and every id ends up in OUTPUT once. It needs a column of unique row ids
 (`--id-column`, default id); the checkpoint is deleted when the job completes. Output is
-cut into files of `--rows-per-file` rows, the unit a failure loses (Ray Data would
-otherwise write each input file's rows as one, after the last of them). On resume Ray runs
+cut into files of at least `--rows-per-file` rows (whole batches), the unit a failure
+loses, each written as soon as its rows are embedded. On resume Ray runs
 a checkpoint-filter actor of one CPU beside the embedding actors: leave a CPU free for it,
 or the job waits for one forever.
 """
@@ -51,7 +51,10 @@ def embed_parquet(input: str, output: str, *, model: str | None = None, config: 
         from ray.data.checkpoint import CheckpointConfig
 
         ray.data.DataContext.get_current().checkpoint_config = CheckpointConfig(id_column, checkpoint)
-    dataset = ray.data.read_parquet(input)
+    # A block of rows per batch: Ray reads a file's rows as one block (up to 128 MiB) and runs
+    # one task per block, so unsplit, an actor would take the batches of a file one at a time
+    # and hand nothing to the writer until the file's last row was embedded.
+    dataset = ray.data.read_parquet(input).repartition(target_num_rows_per_block=batch_size)
     embedded = dataset.map_batches(
         Embed,
         fn_constructor_kwargs={"model": model, "config": config, "column": column},
@@ -64,8 +67,10 @@ def embed_parquet(input: str, output: str, *, model: str | None = None, config: 
         # A GPU actor's CPU work is tokenizing: Ray's default CPU share is enough to schedule it.
         **({"num_cpus": num_cpus} if num_cpus is not None else {}),
     )
-    # Streamed: each file is written as soon as its rows are embedded.
-    embedded.repartition(target_num_rows_per_block=rows_per_file).write_parquet(output)
+    # Streamed: a file is written as soon as its rows are embedded. Not a repartition into
+    # files: that step would hold a CPU of Ray's books that the writer then lacks while the
+    # actors hold the rest, and every file would wait for the end of the job.
+    embedded.write_parquet(output, min_rows_per_file=rows_per_file)
 
 
 def main() -> None:
@@ -84,7 +89,7 @@ def main() -> None:
     parser.add_argument("--checkpoint", help="resume with Ray Data checkpointing, kept at this path")
     parser.add_argument("--id-column", default="id", help="the unique row ids that --checkpoint records (default id)")
     parser.add_argument("--rows-per-file", type=int, default=ROWS_PER_FILE,
-                        help=f"rows per output file, what a failure loses (default {ROWS_PER_FILE})")
+                        help=f"rows per output file at least, what a failure loses (default {ROWS_PER_FILE})")
     args = parser.parse_args()
     ray.init()  # joins the cluster under `ray job submit` (RAY_ADDRESS), else starts a local Ray
     embed_parquet(args.input, args.output, model=args.model, config=args.config, column=args.column,

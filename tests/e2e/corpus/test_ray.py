@@ -1,6 +1,7 @@
 """End to end: examples/ray_embed.py on a local Ray (one actor, with a checkpoint) over a
-Parquet file of texts with the packaged default model. A run killed (-9, the whole process
-group) after its first files is finished by the same command: every id once, every file
+Parquet file of texts with the packaged default model. Files are written while the job runs,
+the first before the last batch is embedded. A run killed (-9, the whole process group)
+after its first files is finished by the same command: every id once, every file
 whole and of one schema; every row with the vector the server answers for its text, a row
 without text with its `error` instead; the actor's /dev/shm folder gone once Ray stops."""
 
@@ -30,23 +31,31 @@ pytestmark = pytest.mark.timeout(300)
 ROWS = 50
 # As the test servers run: float32, so both sides compute the same thing.
 ENV = {**os.environ, "PYTHONFAULTHANDLER": "1", "INFINITY_AUTO_BFLOAT16": "false", "RAY_USAGE_STATS_ENABLED": "0"}
-# With a checkpoint, in files of 10 rows; "slowed": each batch a second late, so that a kill
-# lands while the job runs. Three CPUs: on resume Ray's checkpoint filter takes one.
+# With a checkpoint, in files of 10 rows, on three CPUs. "slowed": each batch a second late,
+# so that a kill lands while the job runs, and counted in the file argv[5] once embedded; its
+# actor holds two CPUs, all but the one the writer needs. The resumed run's actor holds one:
+# Ray's checkpoint filter takes another.
 RESUMABLE = """
 import sys
 import time
 import ray
 sys.path.insert(0, "examples")
 import ray_embed
-if sys.argv[4] == "slowed":
+slowed = sys.argv[4] == "slowed"
+if slowed:
     class Slowed(ray_embed.Embed):
+        counted_in = sys.argv[5]  # read here: an actor's own sys.argv is Ray's worker's
+
         def __call__(self, batch):
             time.sleep(1.0)
-            return super().__call__(batch)
+            embedded = super().__call__(batch)
+            with open(self.counted_in, "a") as done:
+                done.write("batch\\n")
+            return embedded
     ray_embed.Embed = Slowed
 ray.init(num_cpus=3, include_dashboard=False)
 try:
-    ray_embed.embed_parquet(sys.argv[1], sys.argv[2], concurrency=1, batch_size=10, num_cpus=1,
+    ray_embed.embed_parquet(sys.argv[1], sys.argv[2], concurrency=1, batch_size=10, num_cpus=2 if slowed else 1,
                             checkpoint=sys.argv[3], rows_per_file=10)
 finally:
     ray.shutdown()
@@ -74,16 +83,21 @@ def test_ray_pipeline_resumes_after_a_kill(server, tmp_path: Path) -> None:
     before = _folders()
     command = [sys.executable, "-c", RESUMABLE, str(source), str(out), str(checkpoint)]
 
-    killed = subprocess.Popen([*command, "slowed"], cwd=REPO, env=ENV, stdout=subprocess.DEVNULL,
+    batches = tmp_path / "batches"
+    batches.touch()
+    killed = subprocess.Popen([*command, "slowed", str(batches)], cwd=REPO, env=ENV, stdout=subprocess.DEVNULL,
                               stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         deadline = time.monotonic() + 200
         while not list(out.glob("*.parquet")) and killed.poll() is None and time.monotonic() < deadline:
             time.sleep(0.1)
+        embedded_before_a_file = len(batches.read_text().splitlines())
         assert killed.poll() is None, "the slowed run ended before any file was written"
     finally:
         os.killpg(killed.pid, signal.SIGKILL)
         killed.wait()
+    # Files stream out as their rows are embedded, not all once the last batch is done.
+    assert embedded_before_a_file < rows // 10, "no file was written before the last batch was embedded"
     assert list(checkpoint.iterdir()), "no checkpoint was written before the kill"
     assert len(list(out.glob("*.parquet"))) < rows // 10, "the run was finished before the kill"
 
