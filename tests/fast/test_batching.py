@@ -102,6 +102,17 @@ def test_batch_groups_similar_lengths_around_the_oldest_input():
     assert sorted(item.cost for item in scheduler.next_batch().items) == [2, 3, 4]
 
 
+def test_inputs_of_the_anchors_length_fill_its_batch_before_shorter_ones():
+    # Corpus batches, each sorted by length: the oldest request's inputs are one token longer
+    # than the many of another. A window grown shorter first held 63 of those and the anchor,
+    # and the cost split left the anchor a pass of its own, again for each of its inputs.
+    scheduler = _scheduler(max_tokens=16384, max_size=64, overhead=30)
+    _submit(scheduler, 1, [7] * 32)  # oldest
+    _submit(scheduler, 2, [6] * 70)
+    assert [item.cost for item in scheduler.next_batch().items] == [7] * 32
+    assert [item.cost for item in scheduler.next_batch().items] == [6] * 64
+
+
 @pytest.mark.parametrize("lengths, overhead, weight, groups", [
     ([5, 5, 5], 10, 1.0, [(0, 2)]),  # equal lengths: one pass
     ([2, 3, 100], 10, 1.0, [(0, 1), (2, 2)]),  # 3 x 100 padded is dearer than a second pass

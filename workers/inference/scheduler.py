@@ -565,13 +565,21 @@ def _fair_order(item: Item) -> tuple[float, int]:
 
 def _window(entries: list[tuple[int, int, Item]], anchor: int, max_tokens: int, max_size: int) -> tuple[int, int]:
     """The widest run of length-sorted entries around `anchor` that fits the budget,
-    counted padded (inputs x longest); shorter neighbours are taken first."""
+    counted padded (inputs x longest), grown each step by the neighbour that adds the
+    least padding (a shorter one: its distance to the longest; a longer one: its distance
+    times the inputs it lengthens), the shorter on a tie. Inputs of the anchor's own
+    length thus come before shorter ones: taken shorter first, a window around the one
+    input of a length among many of the next shorter would hold those, and the cost
+    split would leave the anchor a pass of its own."""
     lo = hi = anchor
     while hi - lo + 1 < max_size:
-        count = hi - lo + 2
-        if lo > 0 and count * entries[hi][0] <= max_tokens:
+        count, longest = hi - lo + 2, entries[hi][0]
+        shorter = longest - entries[lo - 1][0] if lo > 0 and count * longest <= max_tokens else None
+        longer = ((entries[hi + 1][0] - longest) * (count - 1)
+                  if hi + 1 < len(entries) and count * entries[hi + 1][0] <= max_tokens else None)
+        if shorter is not None and (longer is None or shorter <= longer):
             lo -= 1
-        elif hi + 1 < len(entries) and count * entries[hi + 1][0] <= max_tokens:
+        elif longer is not None:
             hi += 1
         else:
             break
