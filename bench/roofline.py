@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -31,6 +32,7 @@ from bench.replay import pad_batch
 from infinity.config import ModelConfig
 from infinity.folders.resolve import resolve_model
 from infinity.shared.devices import cpu_computes_bfloat16
+from workers.engines.openvino_engine import _Compiled
 
 BATCH = 32
 
@@ -49,7 +51,6 @@ def encoder_flops(config: dict, batch: int, length: int) -> float:
 def per_second_on_lanes(lanes: int, run: Callable[[], object], seconds: float) -> float:
     """Calls of `run` a second, `lanes` threads calling it at once for about `seconds`."""
     counts = [0] * lanes
-    deadline = time.perf_counter() + seconds
 
     def loop(lane: int) -> None:
         while time.perf_counter() < deadline:
@@ -58,6 +59,7 @@ def per_second_on_lanes(lanes: int, run: Callable[[], object], seconds: float) -
 
     run()  # warm: the first call compiles the shape
     start = time.perf_counter()
+    deadline = start + seconds
     threads = [threading.Thread(target=loop, args=(lane,)) for lane in range(lanes)]
     for thread in threads:
         thread.start()
@@ -66,34 +68,22 @@ def per_second_on_lanes(lanes: int, run: Callable[[], object], seconds: float) -
     return sum(counts) / (time.perf_counter() - start)
 
 
-def plain_product(precision: str, lanes: int, tokens: int, hidden: int, inner: int) -> Callable[[], object]:
+def plain_product(precision: str, lanes: int, tokens: int, hidden: int, inner: int,
+                  folder: Path) -> Callable[[], object]:
     """One call: OpenVINO's product of a `tokens` x `hidden` input by a constant `hidden` x
-    `inner` matrix, compiled as the engine compiles a model (precision, a stream per lane,
-    one thread each, no pinning); each calling thread has its own infer request."""
+    `inner` matrix, saved in `folder` and compiled as the engine compiles a model's graph
+    (`_Compiled`: the precision, a stream per lane, one thread each)."""
     import openvino
     import openvino.opset13 as ops
-    import openvino.properties as properties
-    import openvino.properties.hint as hints
 
     rng = np.random.default_rng(0)
     source = ops.parameter([tokens, hidden], openvino.Type.f32, name="x")
     weight = ops.constant(rng.standard_normal((hidden, inner), dtype=np.float32))
-    model = openvino.Model([ops.matmul(source, weight, False, False)], [source], "product")
-    compiled = openvino.Core().compile_model(model, "CPU", {
-        hints.inference_precision: openvino.Type.bf16 if precision == "bfloat16" else openvino.Type.f32,
-        properties.streams.num: lanes,
-        properties.inference_num_threads: lanes,
-        hints.enable_cpu_pinning: False,
-    })
-    feed = rng.standard_normal((tokens, hidden), dtype=np.float32)
-    requests = threading.local()
-
-    def call() -> object:
-        if not hasattr(requests, "request"):
-            requests.request = compiled.create_infer_request()
-        return requests.request.infer({"x": feed}, share_inputs=True)
-
-    return call
+    graph = folder / "product.xml"
+    openvino.save_model(openvino.Model([ops.matmul(source, weight, False, False)], [source], "product"), graph)
+    compiled = _Compiled(openvino.Core(), graph, precision, threads=1, runs=lanes)
+    feeds = {"x": rng.standard_normal((tokens, hidden), dtype=np.float32)}
+    return lambda: compiled(feeds)
 
 
 def measure(engine: str, folder: str | None, lengths: list[int], seconds: float) -> list[dict]:
@@ -111,8 +101,10 @@ def measure(engine: str, folder: str | None, lengths: list[int], seconds: float)
         batch = pad_batch(ids)
         passes = per_second_on_lanes(lanes, lambda: model.forward(*batch), seconds)
         model_rate = passes * encoder_flops(config, BATCH, length) / 1e9
-        product = plain_product(precision, lanes, BATCH * length, config["hidden_size"], config["intermediate_size"])
-        products = per_second_on_lanes(lanes, product, seconds)
+        with tempfile.TemporaryDirectory() as folder:
+            product = plain_product(precision, lanes, BATCH * length, config["hidden_size"],
+                                    config["intermediate_size"], Path(folder))
+            products = per_second_on_lanes(lanes, product, seconds)
         product_rate = products * 2 * BATCH * length * config["hidden_size"] * config["intermediate_size"] / 1e9
         rows.append({"length": length, "lanes": lanes, "passes_per_s": passes, "texts_per_s": passes * BATCH,
                      "model_gflops": model_rate, "product_gflops": product_rate, "share": model_rate / product_rate})
