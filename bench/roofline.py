@@ -32,7 +32,7 @@ from bench.replay import pad_batch
 from infinity.config import ModelConfig
 from infinity.folders.resolve import resolve_model
 from infinity.shared.devices import cpu_computes_bfloat16
-from workers.engines.openvino_engine import _Compiled
+from workers.engines.openvino_engine import CompiledOpenVinoGraph
 
 BATCH = 32
 
@@ -72,7 +72,7 @@ def plain_product(precision: str, lanes: int, tokens: int, hidden: int, inner: i
                   folder: Path) -> Callable[[], object]:
     """One call: OpenVINO's product of a `tokens` x `hidden` input by a constant `hidden` x
     `inner` matrix, saved in `folder` and compiled as the engine compiles a model's graph
-    (`_Compiled`: the precision, a stream per lane, one thread each)."""
+    (`CompiledOpenVinoGraph`: the precision, a stream per lane, one thread each)."""
     import openvino
     import openvino.opset13 as ops
 
@@ -81,7 +81,7 @@ def plain_product(precision: str, lanes: int, tokens: int, hidden: int, inner: i
     weight = ops.constant(rng.standard_normal((hidden, inner), dtype=np.float32))
     graph = folder / "product.xml"
     openvino.save_model(openvino.Model([ops.matmul(source, weight, False, False)], [source], "product"), graph)
-    compiled = _Compiled(openvino.Core(), graph, precision, threads=1, runs=lanes)
+    compiled = CompiledOpenVinoGraph(openvino.Core(), graph, precision, threads=1, runs=lanes)
     feeds = {"x": rng.standard_normal((tokens, hidden), dtype=np.float32)}
     return lambda: compiled(feeds)
 

@@ -31,7 +31,7 @@ from workers.engines.onnx_graphs import CompiledGraph, GraphEngine, exported_gra
 if TYPE_CHECKING:
     import openvino
 
-class _Compiled:
+class CompiledOpenVinoGraph:
     """A graph compiled by OpenVINO for `runs` passes at once (a stream each) on `threads`
     threads per pass: a `CompiledGraph`. An infer request may serve one thread at a time,
     so each calling thread has its own."""
@@ -84,4 +84,4 @@ class OpenVinoEngine(GraphEngine):
         super().__init__(folder, spec, threads, outputs)
 
     def _compile(self, graph: Path, device: str, threads: int, runs: int) -> CompiledGraph:
-        return _Compiled(self._core, graph, self._precision, threads, runs)
+        return CompiledOpenVinoGraph(self._core, graph, self._precision, threads, runs)
