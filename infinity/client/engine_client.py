@@ -71,6 +71,10 @@ INLINE_MAX_CHARS = 256
 # has nothing else to do meanwhile, and the two hops to a tokenizer process and back cost
 # a lone request more than that (bench/results/lone-request.md#the-lone-request-hand-offs).
 INLINE_IDLE_MAX_CHARS = 4096
+# An input for an inference process that holds others already waits behind their pass:
+# its message may wait this long for the next requests' to leave with it, one wake-up of
+# that process's threads for several (bench/results/serving-path.md#inputs-held-while-the-inference-process-is-busy).
+BUSY_SEND_HOLD_S = 0.0002
 
 
 # The priority of the request being served, set where a request enters (the HTTP handler,
@@ -474,8 +478,10 @@ class EngineClient:
         pending.sent = time.monotonic()
         model.served.queued_tokens += pending.billed
         replica.outstanding += len(pending.slots)
+        busy = replica.outstanding > len(pending.slots)
         replica.child.send(protocol.Infer(message.request_id, model.spec.name, pending.slots, message.inputs,
-                                          pending.priority, pending.trace, pending.vector_types))
+                                          pending.priority, pending.trace, pending.vector_types),
+                           hold_s=BUSY_SEND_HOLD_S if busy else 0.0)
 
     def _on_looked_up(self, message: protocol.LookedUp) -> None:
         pending = self._take(message.request_id)

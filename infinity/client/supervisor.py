@@ -159,7 +159,8 @@ class Child:
         self._launch = launch
         self.process: multiprocessing.process.BaseProcess | None = None
         self.channel: ChannelToChild | None = None
-        self._outbox: list[protocol.Message] = []  # waiting for this turn's send
+        self._outbox: list[protocol.Message] = []  # waiting for their send
+        self._flush_handle: asyncio.Handle | None = None  # the send scheduled for them
         self.ready = False
         self.failures = 0  # in a row, for the back-off: a child that comes up starts again at 0
         self.restarts = 0  # since the server started
@@ -188,19 +189,29 @@ class Child:
         self.restarts += 1
         return min(MAX_RESTART_DELAY_S, 0.5 * 2 ** (self.failures - 1))
 
-    def send(self, message: protocol.Message) -> None:
+    def send(self, message: protocol.Message, hold_s: float = 0.0) -> None:
         """Queue `message` for the child. What is queued in one turn of the event loop
         leaves together, as one ZeroMQ message: one wake-up of the child for all of it
-        (bench/results/serving-path.md#one-zeromq-send-per-turn)."""
+        (bench/results/serving-path.md#one-zeromq-send-per-turn). `hold_s`: how long the
+        message may wait for others to leave with it, where the child is busy anyway; a
+        message sent without it takes every waiting one along at the end of this turn."""
         assert self.channel is not None
         self._outbox.append(message)
-        if len(self._outbox) == 1:
-            try:
-                asyncio.get_running_loop().call_soon(self._flush)
-            except RuntimeError:  # no loop running (a stop): at once
-                self._flush()
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no loop running (a stop): at once
+            self._flush()
+            return
+        if self._flush_handle is None:
+            self._flush_handle = loop.call_later(hold_s, self._flush) if hold_s > 0 else loop.call_soon(self._flush)
+        elif hold_s <= 0 and isinstance(self._flush_handle, asyncio.TimerHandle):
+            self._flush_handle.cancel()
+            self._flush_handle = loop.call_soon(self._flush)
 
     def _flush(self) -> None:
+        if self._flush_handle is not None:
+            self._flush_handle.cancel()
+            self._flush_handle = None
         outbox, self._outbox = self._outbox, []
         if self.channel is not None and outbox:
             self.channel.send(outbox)
@@ -239,6 +250,9 @@ class Child:
 
     def close_channel(self) -> None:
         self._outbox.clear()
+        if self._flush_handle is not None:
+            self._flush_handle.cancel()
+            self._flush_handle = None
         if self.channel is not None:
             self.channel.close()
             self.channel = None

@@ -31,7 +31,7 @@ from infinity.config import ApiKey, Config, ModelConfig, ServerConfig
 from infinity.folders.resolve import resolve_replicas
 from infinity.shared.channel import ChannelToFront
 from infinity.shared.kinds import KINDS, TEXT, RawOutput
-from infinity.shared.protocol import Message, ModelSpec, Tokenize, WorkerArgs
+from infinity.shared.protocol import Infer, Message, ModelSpec, Tokenize, WorkerArgs
 from workers.engines.base import model_config, pad_id
 from workers.heads import LoadedModel, load_head, load_model
 from workers.inference import worker as inference_worker
@@ -211,21 +211,33 @@ class ModelLauncher(ThreadLauncher):
         return load_model(spec, threads)
 
 
+def _on_child_send(monkeypatch, record: Callable[[Message, float], None]) -> None:  # noqa: ANN001 (pytest's fixture)
+    """Have `record` see every message the front end sends a child from now on, with the
+    hold it is sent with."""
+    from infinity.client.supervisor import Child
+
+    send = Child.send
+
+    def recording_send(child: Child, message: Message, hold_s: float = 0.0) -> None:
+        record(message, hold_s)
+        send(child, message, hold_s)
+
+    monkeypatch.setattr(Child, "send", recording_send)
+
+
 def tokenize_messages(monkeypatch) -> list[Tokenize]:  # noqa: ANN001 (pytest's fixture)
     """Every `Tokenize` the front end sends a child from now on (those it tokenizes itself
     are not sent), in order."""
-    from infinity.client.supervisor import Child
-
     sent: list[Tokenize] = []
-    send = Child.send
-
-    def recording_send(child: Child, message: Message) -> None:
-        if isinstance(message, Tokenize):
-            sent.append(message)
-        send(child, message)
-
-    monkeypatch.setattr(Child, "send", recording_send)
+    _on_child_send(monkeypatch, lambda message, hold_s: sent.append(message) if isinstance(message, Tokenize) else None)
     return sent
+
+
+def infer_holds(monkeypatch) -> list[float]:  # noqa: ANN001 (pytest's fixture)
+    """The hold (`Child.send`'s `hold_s`) of every `Infer` the front end sends from now on."""
+    holds: list[float] = []
+    _on_child_send(monkeypatch, lambda message, hold_s: holds.append(hold_s) if isinstance(message, Infer) else None)
+    return holds
 
 
 @contextlib.asynccontextmanager

@@ -95,3 +95,67 @@ def test_a_restarted_child_has_endpoints_of_its_own_and_never_hears_what_was_sen
     assert to_first in ([], [protocol.Cancel(1)])  # the old child's, or no one's
     assert to_second == protocol.Cancel(2)
     assert not any(tmp_path.iterdir())
+
+
+def _recorded_writes(monkeypatch) -> list[list[protocol.Message]]:  # noqa: ANN001 (pytest's fixture)
+    """Each channel send from now on, as the messages it carried."""
+    writes: list[list[protocol.Message]] = []
+    send = ChannelToChild.send
+    monkeypatch.setattr(ChannelToChild, "send", lambda self, messages: (writes.append(list(messages)),
+                                                                         send(self, messages)))
+    return writes
+
+
+def test_a_held_message_waits_its_hold_for_the_next_ones_and_leaves_with_them(tmp_path, monkeypatch):
+    writes = _recorded_writes(monkeypatch)
+    child = _child(str(tmp_path))
+
+    async def held() -> None:
+        end = _open(child)
+        child.send(protocol.Cancel(1), hold_s=0.2)
+        await asyncio.sleep(0.01)
+        assert writes == []  # a turn has ended: still held
+        child.send(protocol.Cancel(2), hold_s=0.2)  # joins it, and does not push its send back
+        await asyncio.sleep(0.3)
+        assert writes == [[protocol.Cancel(1), protocol.Cancel(2)]]
+        child.send(protocol.Cancel(3), hold_s=0.05)  # alone: leaves when its own hold is up
+        await asyncio.sleep(0.2)
+        assert writes[1:] == [[protocol.Cancel(3)]]
+        assert [await asyncio.to_thread(end.receive) for _ in range(3)] == [protocol.Cancel(i) for i in (1, 2, 3)]
+        child.close_channel()
+        end.close()
+
+    asyncio.run(held())
+
+
+def test_a_message_sent_without_a_hold_takes_the_held_ones_along_at_the_end_of_its_turn(tmp_path, monkeypatch):
+    writes = _recorded_writes(monkeypatch)
+    child = _child(str(tmp_path))
+
+    async def urgent() -> None:
+        end = _open(child)
+        child.send(protocol.Cancel(1), hold_s=10.0)
+        child.send(protocol.Cancel(2))
+        await asyncio.sleep(0)
+        assert writes == [[protocol.Cancel(1), protocol.Cancel(2)]]
+        await asyncio.sleep(0.05)
+        assert len(writes) == 1  # the hold's timer went with its send
+        child.close_channel()
+        end.close()
+
+    asyncio.run(urgent())
+
+
+def test_closing_the_channel_drops_what_was_held(tmp_path, monkeypatch):
+    writes = _recorded_writes(monkeypatch)
+    child = _child(str(tmp_path))
+
+    async def closed() -> None:
+        end = _open(child)
+        child.send(protocol.Cancel(1), hold_s=0.02)
+        child.close_channel()
+        await asyncio.sleep(0.05)
+        end.close()
+
+    asyncio.run(closed())
+    assert writes == []

@@ -13,7 +13,7 @@ from tokenizers import Tokenizer
 
 from infinity.config import ModelConfig
 from infinity.folders.resolve import resolve_model
-from tests.fast.inprocess import ThreadLauncher, expected_embedding, serving, tokenize_messages
+from tests.fast.inprocess import ThreadLauncher, expected_embedding, infer_holds, serving, tokenize_messages
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -107,6 +107,25 @@ def test_texts_of_a_request_that_finds_nothing_in_flight_are_tokenized_in_the_fr
             np.testing.assert_allclose(got, _expected(model_tokenizer, long_texts), atol=1e-6)
 
     _run(test)
+
+
+def test_an_input_for_a_busy_inference_process_is_held_for_the_next_ones_and_a_lone_one_is_not(monkeypatch):
+    from infinity.client.engine_client import BUSY_SEND_HOLD_S
+
+    holds = infer_holds(monkeypatch)
+    launcher = ThreadLauncher()
+
+    async def test():
+        async with serving(launcher) as client:
+            assert (await client.post("/v1/embeddings", json={"input": TEXTS[:1]})).status == 200
+            held = await _held_request(client, launcher, TEXTS[:1])  # alone: sent at once
+            behind = asyncio.ensure_future(client.post("/v1/embeddings", json={"input": TEXTS[1:2]}))
+            await asyncio.sleep(0.2)
+            launcher.gate.set()
+            assert (await held).status == 200 and (await behind).status == 200
+
+    _run(test)
+    assert holds == [0.0, 0.0, BUSY_SEND_HOLD_S]
 
 
 def test_a_request_that_does_not_fit_the_queue_is_refused_at_once_and_slots_come_back():
