@@ -160,7 +160,10 @@ class Child:
         self.process: multiprocessing.process.BaseProcess | None = None
         self.channel: ChannelToChild | None = None
         self._outbox: list[protocol.Message] = []  # waiting for their send
-        self._flush_handle: asyncio.Handle | None = None  # the send scheduled for them
+        # The send scheduled for them (uvloop's handles are not asyncio's classes, but alike),
+        # and whether it waits for a hold to pass.
+        self._flush_handle: asyncio.Handle | None = None
+        self._flush_held = False
         self.ready = False
         self.failures = 0  # in a row, for the back-off: a child that comes up starts again at 0
         self.restarts = 0  # since the server started
@@ -202,11 +205,12 @@ class Child:
         except RuntimeError:  # no loop running (a stop): at once
             self._flush()
             return
-        if self._flush_handle is None:
-            self._flush_handle = loop.call_later(hold_s, self._flush) if hold_s > 0 else loop.call_soon(self._flush)
-        elif hold_s <= 0 and isinstance(self._flush_handle, asyncio.TimerHandle):
+        if self._flush_handle is not None and (hold_s > 0 or not self._flush_held):
+            return  # goes with the send already scheduled
+        if self._flush_handle is not None:
             self._flush_handle.cancel()
-            self._flush_handle = loop.call_soon(self._flush)
+        self._flush_held = hold_s > 0
+        self._flush_handle = loop.call_later(hold_s, self._flush) if self._flush_held else loop.call_soon(self._flush)
 
     def _flush(self) -> None:
         if self._flush_handle is not None:

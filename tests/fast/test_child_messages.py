@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+import uvloop
 
 from infinity.shared import protocol
 from infinity.shared.channel import ChannelClosed, ChannelToChild, ChannelToFront
@@ -97,6 +98,10 @@ def test_a_restarted_child_has_endpoints_of_its_own_and_never_hears_what_was_sen
     assert not any(tmp_path.iterdir())
 
 
+# The server's loop (uvloop) and asyncio's own: their timer handles differ.
+LOOPS = pytest.mark.parametrize("run", [asyncio.run, uvloop.run], ids=["asyncio", "uvloop"])
+
+
 def _recorded_writes(monkeypatch) -> list[list[protocol.Message]]:  # noqa: ANN001 (pytest's fixture)
     """Each channel send from now on, as the messages it carried."""
     writes: list[list[protocol.Message]] = []
@@ -106,7 +111,8 @@ def _recorded_writes(monkeypatch) -> list[list[protocol.Message]]:  # noqa: ANN0
     return writes
 
 
-def test_a_held_message_waits_its_hold_for_the_next_ones_and_leaves_with_them(tmp_path, monkeypatch):
+@LOOPS
+def test_a_held_message_waits_its_hold_for_the_next_ones_and_leaves_with_them(tmp_path, monkeypatch, run):
     writes = _recorded_writes(monkeypatch)
     child = _child(str(tmp_path))
 
@@ -125,10 +131,11 @@ def test_a_held_message_waits_its_hold_for_the_next_ones_and_leaves_with_them(tm
         child.close_channel()
         end.close()
 
-    asyncio.run(held())
+    run(held())
 
 
-def test_a_message_sent_without_a_hold_takes_the_held_ones_along_at_the_end_of_its_turn(tmp_path, monkeypatch):
+@LOOPS
+def test_a_message_sent_without_a_hold_takes_the_held_ones_along_at_the_end_of_its_turn(tmp_path, monkeypatch, run):
     writes = _recorded_writes(monkeypatch)
     child = _child(str(tmp_path))
 
@@ -143,10 +150,11 @@ def test_a_message_sent_without_a_hold_takes_the_held_ones_along_at_the_end_of_i
         child.close_channel()
         end.close()
 
-    asyncio.run(urgent())
+    run(urgent())
 
 
-def test_closing_the_channel_drops_what_was_held(tmp_path, monkeypatch):
+@LOOPS
+def test_closing_the_channel_drops_what_was_held(tmp_path, monkeypatch, run):
     writes = _recorded_writes(monkeypatch)
     child = _child(str(tmp_path))
 
@@ -157,5 +165,5 @@ def test_closing_the_channel_drops_what_was_held(tmp_path, monkeypatch):
         await asyncio.sleep(0.05)
         end.close()
 
-    asyncio.run(closed())
+    run(closed())
     assert writes == []
