@@ -74,6 +74,7 @@ INLINE_IDLE_MAX_CHARS = 4096
 # An input for an inference process that holds others already waits behind their pass:
 # its message may wait this long for the next requests' to leave with it, one wake-up of
 # that process's threads for several (bench/results/serving-path.md#inputs-held-while-the-inference-process-is-busy).
+# An input more urgent than every other one held goes at once: the next cut is its own.
 BUSY_SEND_HOLD_S = 0.0002
 
 
@@ -478,7 +479,8 @@ class EngineClient:
         pending.sent = time.monotonic()
         model.served.queued_tokens += pending.billed
         replica.outstanding += len(pending.slots)
-        busy = replica.outstanding > len(pending.slots)
+        own = len(pending.slots)
+        busy = replica.outstanding > own and model.pool.held_up_to(pending.priority) > own
         replica.child.send(protocol.Infer(message.request_id, model.spec.name, pending.slots, message.inputs,
                                           pending.priority, pending.trace, pending.vector_types),
                            hold_s=BUSY_SEND_HOLD_S if busy else 0.0)

@@ -155,6 +155,10 @@ class SlotPool:
         """Rows held by requests of `priority` or a less urgent one (a higher number)."""
         return sum(count for held_by, count in self.held.items() if held_by >= priority)
 
+    def held_up_to(self, priority: int) -> int:
+        """Rows held by requests of `priority` or a more urgent one (a lower number)."""
+        return sum(count for held_by, count in self.held.items() if held_by <= priority)
+
     def take(self, n: int, priority: int = 0) -> list[int] | None:
         """`n` rows for a request of `priority`, or None when fewer are free (the caller
         answers 429)."""

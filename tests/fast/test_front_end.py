@@ -109,7 +109,8 @@ def test_texts_of_a_request_that_finds_nothing_in_flight_are_tokenized_in_the_fr
     _run(test)
 
 
-def test_an_input_for_a_busy_inference_process_is_held_for_the_next_ones_and_a_lone_one_is_not(monkeypatch):
+def test_an_input_for_a_busy_inference_process_is_held_for_the_next_ones_and_a_lone_or_urgent_one_is_not(
+        monkeypatch):
     from infinity.client.engine_client import BUSY_SEND_HOLD_S
 
     holds = infer_holds(monkeypatch)
@@ -121,11 +122,14 @@ def test_an_input_for_a_busy_inference_process_is_held_for_the_next_ones_and_a_l
             held = await _held_request(client, launcher, TEXTS[:1])  # alone: sent at once
             behind = asyncio.ensure_future(client.post("/v1/embeddings", json={"input": TEXTS[1:2]}))
             await asyncio.sleep(0.2)
+            urgent = asyncio.ensure_future(client.post("/v1/embeddings", json={"input": TEXTS[:1], "priority": -1}))
+            await asyncio.sleep(0.2)
             launcher.gate.set()
-            assert (await held).status == 200 and (await behind).status == 200
+            assert all(answer.status == 200 for answer in await asyncio.gather(held, behind, urgent))
 
     _run(test)
-    assert holds == [0.0, 0.0, BUSY_SEND_HOLD_S]
+    # alone, alone, behind another of its priority, more urgent than all else held
+    assert holds == [0.0, 0.0, BUSY_SEND_HOLD_S, 0.0]
 
 
 def test_a_request_that_does_not_fit_the_queue_is_refused_at_once_and_slots_come_back():

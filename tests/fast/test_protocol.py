@@ -216,6 +216,17 @@ def test_slot_pool_admits_only_what_fits():
     assert sorted(pool.take(3)) == [0, 1, 2]
 
 
+def test_slot_pool_counts_rows_held_by_priority_either_way():
+    pool = shm.SlotPool(6)
+    urgent, plain, bulk = pool.take(1, -1), pool.take(2, 0), pool.take(3, 1)
+    assert [pool.held_up_to(p) for p in (-1, 0, 1)] == [1, 3, 6]
+    assert [pool.held_from(p) for p in (-1, 0, 1)] == [6, 5, 3]
+    pool.give_back(plain)
+    assert pool.held_up_to(0) == 1 and pool.held_from(0) == 3
+    pool.give_back(urgent + bulk)
+    assert pool.held_up_to(1) == 0
+
+
 @pytest.mark.parametrize("value", [
     "x " * 300_000,
     ["short", "héllo 🙂 wörld " * 50_000, "東京" * 200_000],
