@@ -6,6 +6,8 @@ after it."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 
 import pytest
 import uvloop
@@ -25,11 +27,17 @@ def _open(child: Child) -> ChannelToFront:
     return ChannelToFront(child.open_channel(lambda message: None).channel)
 
 
-def test_one_turns_messages_leave_in_one_message_and_are_read_in_order(tmp_path, monkeypatch):
-    writes = []
+def _recorded_writes(monkeypatch) -> list[list[protocol.Message]]:  # noqa: ANN001 (pytest's fixture)
+    """Each channel send from now on, as the messages it carried."""
+    writes: list[list[protocol.Message]] = []
     send = ChannelToChild.send
-    monkeypatch.setattr(ChannelToChild, "send", lambda self, messages: (writes.append(len(messages)),
+    monkeypatch.setattr(ChannelToChild, "send", lambda self, messages: (writes.append(list(messages)),
                                                                          send(self, messages)))
+    return writes
+
+
+def test_one_turns_messages_leave_in_one_message_and_are_read_in_order(tmp_path, monkeypatch):
+    writes = _recorded_writes(monkeypatch)
     child = _child(str(tmp_path))
 
     async def turn() -> list[protocol.Message]:
@@ -43,7 +51,7 @@ def test_one_turns_messages_leave_in_one_message_and_are_read_in_order(tmp_path,
         return received
 
     assert asyncio.run(turn()) == [protocol.Cancel(1), protocol.Cancel(2)]
-    assert writes == [2]
+    assert [len(messages) for messages in writes] == [2]
 
 
 def test_messages_queued_for_a_closed_channel_are_dropped(tmp_path):
@@ -102,13 +110,15 @@ def test_a_restarted_child_has_endpoints_of_its_own_and_never_hears_what_was_sen
 LOOPS = pytest.mark.parametrize("run", [asyncio.run, uvloop.run], ids=["asyncio", "uvloop"])
 
 
-def _recorded_writes(monkeypatch) -> list[list[protocol.Message]]:  # noqa: ANN001 (pytest's fixture)
-    """Each channel send from now on, as the messages it carried."""
-    writes: list[list[protocol.Message]] = []
-    send = ChannelToChild.send
-    monkeypatch.setattr(ChannelToChild, "send", lambda self, messages: (writes.append(list(messages)),
-                                                                         send(self, messages)))
-    return writes
+@contextlib.asynccontextmanager
+async def _connected(child: Child) -> AsyncIterator[ChannelToFront]:
+    """`child`'s fresh channel and the child's end of it, both closed on leaving."""
+    end = _open(child)
+    try:
+        yield end
+    finally:
+        child.close_channel()
+        end.close()
 
 
 @LOOPS
@@ -117,19 +127,17 @@ def test_a_held_message_waits_its_hold_for_the_next_ones_and_leaves_with_them(tm
     child = _child(str(tmp_path))
 
     async def held() -> None:
-        end = _open(child)
-        child.send(protocol.Cancel(1), hold_s=0.2)
-        await asyncio.sleep(0.01)
-        assert writes == []  # a turn has ended: still held
-        child.send(protocol.Cancel(2), hold_s=0.2)  # joins it, and does not push its send back
-        await asyncio.sleep(0.3)
-        assert writes == [[protocol.Cancel(1), protocol.Cancel(2)]]
-        child.send(protocol.Cancel(3), hold_s=0.05)  # alone: leaves when its own hold is up
-        await asyncio.sleep(0.2)
-        assert writes[1:] == [[protocol.Cancel(3)]]
-        assert [await asyncio.to_thread(end.receive) for _ in range(3)] == [protocol.Cancel(i) for i in (1, 2, 3)]
-        child.close_channel()
-        end.close()
+        async with _connected(child) as end:
+            child.send(protocol.Cancel(1), hold_s=0.2)
+            await asyncio.sleep(0.01)
+            assert writes == []  # a turn has ended: still held
+            child.send(protocol.Cancel(2), hold_s=0.2)  # joins it, and does not push its send back
+            await asyncio.sleep(0.3)
+            assert writes == [[protocol.Cancel(1), protocol.Cancel(2)]]
+            child.send(protocol.Cancel(3), hold_s=0.05)  # alone: leaves when its own hold is up
+            await asyncio.sleep(0.2)
+            assert writes[1:] == [[protocol.Cancel(3)]]
+            assert [await asyncio.to_thread(end.receive) for _ in range(3)] == [protocol.Cancel(i) for i in (1, 2, 3)]
 
     run(held())
 
@@ -140,15 +148,13 @@ def test_a_message_sent_without_a_hold_takes_the_held_ones_along_at_the_end_of_i
     child = _child(str(tmp_path))
 
     async def urgent() -> None:
-        end = _open(child)
-        child.send(protocol.Cancel(1), hold_s=10.0)
-        child.send(protocol.Cancel(2))
-        await asyncio.sleep(0)
-        assert writes == [[protocol.Cancel(1), protocol.Cancel(2)]]
-        await asyncio.sleep(0.05)
-        assert len(writes) == 1  # the hold's timer went with its send
-        child.close_channel()
-        end.close()
+        async with _connected(child):
+            child.send(protocol.Cancel(1), hold_s=10.0)
+            child.send(protocol.Cancel(2))
+            await asyncio.sleep(0)
+            assert writes == [[protocol.Cancel(1), protocol.Cancel(2)]]
+            await asyncio.sleep(0.05)
+            assert len(writes) == 1  # the hold's timer went with its send
 
     run(urgent())
 
@@ -159,11 +165,10 @@ def test_closing_the_channel_drops_what_was_held(tmp_path, monkeypatch, run):
     child = _child(str(tmp_path))
 
     async def closed() -> None:
-        end = _open(child)
-        child.send(protocol.Cancel(1), hold_s=0.02)
-        child.close_channel()
-        await asyncio.sleep(0.05)
-        end.close()
+        async with _connected(child):
+            child.send(protocol.Cancel(1), hold_s=0.02)
+            child.close_channel()
+            await asyncio.sleep(0.05)
 
     run(closed())
     assert writes == []
