@@ -5,6 +5,11 @@ first server: a drift of the machine's speed (which moves one server's requests/
 a quarter between minutes here) hits both sides of a ratio alike, where measuring one
 server after the other would read it as a difference between them.
 
+Halfway through the rounds every server is stopped and started again in the reverse
+order: a control of three identical servers read the first one started about 6% low
+(bench/results/serving-path.md), and starting each side first for half the rounds
+cancels that whatever its cause.
+
 Reports per load: each server's median requests/s and p50, the median (and range) of its
 per-round ratio to the first, and the median CPU per request of each of its processes.
 
@@ -57,6 +62,16 @@ def _servers(commands: list[tuple[str, str]], model_dir: str, stamp: str,
     finally:
         for server in started:
             stop_server(server)
+
+
+def halves(commands: list[tuple[str, str]], rounds: int) -> list[tuple[list[tuple[str, str]], range]]:
+    """The first half of the rounds with the servers started in the listed order, the rest
+    with them started in the reverse order."""
+    first = (rounds + 1) // 2
+    plan = [(commands, range(first))]
+    if rounds > first:
+        plan.append((commands[::-1], range(first, rounds)))
+    return plan
 
 
 def _measure(config: LoadConfig, pgid: int) -> dict:
@@ -118,18 +133,20 @@ def main() -> None:
     stamp = start_run()
     names = args.name[:len(args.cmd)]
     results: dict[str, list[dict[str, dict]]] = {}
-    with _servers(list(zip(names, args.cmd)), args.model_dir, stamp, args.health_timeout) as servers:
-        for round_index in range(args.rounds):
-            order = servers[round_index % len(servers):] + servers[:round_index % len(servers)]
-            for shape in parse_loads(args.loads):
-                one_round = {}
-                for name, url, pgid in order:
-                    config = LoadConfig(url=url, concurrency=shape.concurrency, batch=shape.batch,
-                                        duration=args.duration, warmup=args.warmup)
-                    one_round[name] = _measure(config, pgid)
-                results.setdefault(shape.label, []).append(one_round)
-                print(f"  round {round_index + 1}, {shape.label}: " + ", ".join(
-                    f"{name} {one_round[name]['requests_per_s']:.0f}" for name in names), flush=True)
+    commands = list(zip(names, args.cmd))
+    for start_order, round_indices in halves(commands, args.rounds):
+        with _servers(start_order, args.model_dir, stamp, args.health_timeout) as servers:
+            for round_index in round_indices:
+                order = servers[round_index % len(servers):] + servers[:round_index % len(servers)]
+                for shape in parse_loads(args.loads):
+                    one_round = {}
+                    for name, url, pgid in order:
+                        config = LoadConfig(url=url, concurrency=shape.concurrency, batch=shape.batch,
+                                            duration=args.duration, warmup=args.warmup)
+                        one_round[name] = _measure(config, pgid)
+                    results.setdefault(shape.label, []).append(one_round)
+                    print(f"  round {round_index + 1}, {shape.label}: " + ", ".join(
+                        f"{name} {one_round[name]['requests_per_s']:.0f}" for name in names), flush=True)
     report = "\n\n".join(markdown(load, summarize(rounds, names), len(rounds)) for load, rounds in results.items())
     print(f"\n{report}")
     (OUT_DIR / f"{stamp}-ab.md").write_text(report + "\n")
