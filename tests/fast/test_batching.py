@@ -4,6 +4,7 @@ of a lane running a batch."""
 
 import threading
 import time
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -14,10 +15,11 @@ from workers.preprocess.text import TokenItem, collate_tokens
 
 
 def _scheduler(max_tokens: int = 1000, max_size: int = 32, overhead: float = 1e6, lanes: int = 100,
-               widens: bool = False, express: bool = False) -> Scheduler:
+               widens: bool = False, express: bool = False,
+               idle_cores: Callable[[], float] | None = None) -> Scheduler:
     """A scheduler; the default pass overhead is so high that only the budget splits, and
     the lanes so many that batches can be cut without finishing the ones before."""
-    scheduler = Scheduler()
+    scheduler = Scheduler(idle_cores=idle_cores)
     scheduler.add_queue("m", QueuePolicy(max_tokens, max_size, overhead, lanes=lanes, widens=widens, express=express))
     return scheduler
 
@@ -269,6 +271,28 @@ def test_a_batch_is_shared_with_idle_lanes_interleaved_by_length():
         thread.join(5)
     assert sorted(_padded(batch)["attention_mask"].sum(axis=1).tolist() for batch in got) == [[1, 3, 5], [2, 4]]
     assert sorted(_padded(batch)["input_ids"].shape[1] for batch in got) == [4, 5]  # each padded to its own longest
+
+
+@pytest.mark.parametrize("idle_cores, lengths, shares", [
+    (1.0, [10, 10, 10, 10], [2, 2]),  # a core idles for the second part
+    (0.2, [10, 10, 10, 10], [4]),  # the cores are busy and a part would hold less than a pass's fixed cost
+    (0.2, [30, 30, 30, 30], [2, 2]),  # busy, but each part holds a fixed cost
+    (1.4, [10, 10, 10, 10, 10, 10], [3, 3]),  # one idle core: one part beside the cutting lane's
+])
+def test_a_batch_is_shared_where_a_core_idles_for_each_part_or_each_part_holds_a_pass(idle_cores, lengths, shares):
+    scheduler = _scheduler(overhead=50, lanes=3, idle_cores=lambda: idle_cores)
+    threads, got = _wait_in_threads(scheduler, 3)
+    _submit(scheduler, 1, lengths)
+    for thread in threads:
+        thread.join(0.3)
+    assert sorted(len(batch.items) for batch in got) == shares
+    for request_id in range(2, 2 + sum(thread.is_alive() for thread in threads)):
+        _submit(scheduler, request_id, [10])  # the lanes left waiting take one each
+        for thread in threads:
+            thread.join(0.05)
+    for thread in threads:
+        thread.join(5)
+        assert not thread.is_alive()
 
 
 def test_a_batch_is_not_shared_beyond_the_models_lanes():

@@ -23,7 +23,11 @@ the inference process then has one thread per lane, each cutting its own batch t
 it is free, so one lane's padding, result writing and messaging overlap the others'
 compute. When a lane cuts a batch while other lanes of the model wait idle, the batch is
 shared with them: rows i, i + k, i + 2k, ... of the length-sorted batch go to lane i, so
-the parts take about as long and a lone large request still uses every core. A batch of
+the parts take about as long and a lone large request still uses every core. Each part
+beyond the first is a pass more, with its fixed cost: it is cut only where a core idles
+for it (`idle_cores`, the machine's idle CPUs of late) or where it holds at least a pass's
+fixed cost in tokens; under a load that keeps the cores busy a small batch stays whole
+rather than spend a second pass's overhead on a core that has other work. A batch of
 one input cut while every other lane waits idle runs as a wide pass, on every core, if the
 model's engine can (`widens`); the other lanes take no work until it ends. Such a pass (or
 one for a model of a single lane) for a lone input that arrives while every lane idles
@@ -238,8 +242,12 @@ AGING_S = 5.0
 
 
 class Scheduler:
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic,
+                 idle_cores: Callable[[], float] | None = None) -> None:
+        """`idle_cores`: how many CPUs idled of late (`workers.inference.idle_cores`); None:
+        as many as there are lanes, so every idle lane takes a share."""
         self._clock = clock
+        self._idle_cores = idle_cores
         self._queues: dict[str, _Queue] = {}
         self._requests: dict[int, PendingRequest] = {}
         self._seq = itertools.count()
@@ -402,6 +410,8 @@ class Scheduler:
             queue.passes.append(running)
             return Batch(model, items, wide=True, running=running)
         parts = 1 + max(0, min(idle, queue.lanes - len(queue.passes) - 1, len(items) - 1))
+        if parts > 1 and self._idle_cores is not None:
+            parts = min(parts, max(1 + round(self._idle_cores()), _parts_holding_a_pass(queue, items)))
         batches = [Batch(model, items[i::parts], running=RunningPass.of(queue, items[i::parts]))
                    for i in range(parts)]
         queue.passes.extend(batch.running for batch in batches)
@@ -481,6 +491,11 @@ def _sort_key(entry: tuple[int, int, Item]) -> tuple[int, float, int]:
     """By cost, then in the fair order: a batch's neighbours of equal cost are the inputs
     whose turn comes first."""
     return entry[0], entry[2].tag, entry[1]
+
+
+def _parts_holding_a_pass(queue: _Queue, items: list[Item]) -> int:
+    """Into how many parts `items` split with each part's tokens at least a pass's fixed cost."""
+    return max(1, int(sum(item.cost for item in items) // max(queue.pass_overhead_tokens, 1.0)))
 
 
 def _longest_cost(queue: _Queue, items: list[Item]) -> float:
