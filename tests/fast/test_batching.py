@@ -16,10 +16,10 @@ from workers.preprocess.text import TokenItem, collate_tokens
 
 def _scheduler(max_tokens: int = 1000, max_size: int = 32, overhead: float = 1e6, lanes: int = 100,
                widens: bool = False, express: bool = False,
-               idle_cores: Callable[[], float] | None = None) -> Scheduler:
+               cores_left: Callable[[], float] | None = None) -> Scheduler:
     """A scheduler; the default pass overhead is so high that only the budget splits, and
     the lanes so many that batches can be cut without finishing the ones before."""
-    scheduler = Scheduler(idle_cores=idle_cores)
+    scheduler = Scheduler(cores_left=cores_left)
     scheduler.add_queue("m", QueuePolicy(max_tokens, max_size, overhead, lanes=lanes, widens=widens, express=express))
     return scheduler
 
@@ -273,14 +273,14 @@ def test_a_batch_is_shared_with_idle_lanes_interleaved_by_length():
     assert sorted(_padded(batch)["input_ids"].shape[1] for batch in got) == [4, 5]  # each padded to its own longest
 
 
-@pytest.mark.parametrize("idle_cores, lengths, shares", [
-    (1.0, [10, 10, 10, 10], [2, 2]),  # a core idles for the second part
-    (0.2, [10, 10, 10, 10], [4]),  # the cores are busy and a part would hold less than a pass's fixed cost
-    (0.2, [30, 30, 30, 30], [2, 2]),  # busy, but each part holds a fixed cost
-    (1.4, [10, 10, 10, 10, 10, 10], [3, 3]),  # one idle core: one part beside the cutting lane's
+@pytest.mark.parametrize("cores_left, lengths, shares", [
+    (2.0, [10, 10, 10, 10], [2, 2]),  # a core is left for the second part
+    (1.2, [10, 10, 10, 10], [4]),  # one core left, and a part would hold less than a pass's fixed cost
+    (1.2, [30, 30, 30, 30], [2, 2]),  # one left, but each part holds a fixed cost
+    (2.4, [10, 10, 10, 10, 10, 10], [3, 3]),  # two cores left of three lanes
 ])
-def test_a_batch_is_shared_where_a_core_idles_for_each_part_or_each_part_holds_a_pass(idle_cores, lengths, shares):
-    scheduler = _scheduler(overhead=50, lanes=3, idle_cores=lambda: idle_cores)
+def test_a_batch_is_shared_where_a_core_is_left_for_each_part_or_each_part_holds_a_pass(cores_left, lengths, shares):
+    scheduler = _scheduler(overhead=50, lanes=3, cores_left=lambda: cores_left)
     threads, got = _wait_in_threads(scheduler, 3)
     _submit(scheduler, 1, lengths)
     for thread in threads:

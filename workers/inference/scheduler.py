@@ -24,10 +24,10 @@ it is free, so one lane's padding, result writing and messaging overlap the othe
 compute. When a lane cuts a batch while other lanes of the model wait idle, the batch is
 shared with them: rows i, i + k, i + 2k, ... of the length-sorted batch go to lane i, so
 the parts take about as long and a lone large request still uses every core. Each part
-beyond the first is a pass more, with its fixed cost: it is cut only where a core idles
-for it (`idle_cores`, the machine's idle CPUs of late) or where it holds at least a pass's
-fixed cost in tokens; under a load that keeps the cores busy a small batch stays whole
-rather than spend a second pass's overhead on a core that has other work. A batch of
+beyond the first is a pass more, with its fixed cost: it is cut only where a core is left
+for it (`cores_left`: the CPUs other processes left this one of late) or where it holds at
+least a pass's fixed cost in tokens; under a load that keeps the cores busy a small batch
+stays whole rather than spend a second pass's overhead on a core that has other work. A batch of
 one input cut while every other lane waits idle runs as a wide pass, on every core, if the
 model's engine can (`widens`); the other lanes take no work until it ends. Such a pass (or
 one for a model of a single lane) for a lone input that arrives while every lane idles
@@ -243,11 +243,12 @@ AGING_S = 5.0
 
 class Scheduler:
     def __init__(self, clock: Callable[[], float] = time.monotonic,
-                 idle_cores: Callable[[], float] | None = None) -> None:
-        """`idle_cores`: how many CPUs idled of late (`workers.inference.idle_cores`); None:
-        as many as there are lanes, so every idle lane takes a share."""
+                 cores_left: Callable[[], float] | None = None) -> None:
+        """`cores_left`: how many CPUs other processes left this one of late
+        (`workers.inference.cores_left`); None: as many as there are lanes, so every idle
+        lane takes a share."""
         self._clock = clock
-        self._idle_cores = idle_cores
+        self._cores_left = cores_left
         self._queues: dict[str, _Queue] = {}
         self._requests: dict[int, PendingRequest] = {}
         self._seq = itertools.count()
@@ -410,8 +411,8 @@ class Scheduler:
             queue.passes.append(running)
             return Batch(model, items, wide=True, running=running)
         parts = 1 + max(0, min(idle, queue.lanes - len(queue.passes) - 1, len(items) - 1))
-        if parts > 1 and self._idle_cores is not None:
-            parts = min(parts, max(1 + round(self._idle_cores()), _parts_holding_a_pass(queue, items)))
+        if parts > 1 and self._cores_left is not None:
+            parts = min(parts, max(round(self._cores_left()), _parts_holding_a_pass(queue, items)))
         batches = [Batch(model, items[i::parts], running=RunningPass.of(queue, items[i::parts]))
                    for i in range(parts)]
         queue.passes.extend(batch.running for batch in batches)

@@ -42,7 +42,7 @@ from workers.engines.by_shape import lone_engine_of
 from workers.engines.lanes import LANE_NICENESS, add_niceness
 from workers.heads import LoadedModel, load_model
 from workers.inference.calibration import on_threads, text_lanes, warm_up, warm_up_media
-from workers.inference.idle_cores import IdleCores
+from workers.inference.cores_left import CoresLeft
 from workers.inference.scheduler import Batch, PendingRequest, QueuePolicy, Scheduler, media_queue, queue_model
 from workers.preprocess.media import feature_items, media_module
 from workers.preprocess.text import collate_tokens, token_items
@@ -82,7 +82,7 @@ def serve(args: protocol.WorkerArgs, channel: ChannelToFront,
         log.exception("cannot load models")
         channel.send(protocol.StartupFailed(args.name, f"{type(exc).__name__}: {exc}"))
         return
-    scheduler = Scheduler(idle_cores=IdleCores())
+    scheduler = Scheduler(cores_left=CoresLeft())
     # Each queue's model and arena: a model's texts, and a two-tower model's media apart.
     by_queue = {}
     for spec in args.models:
