@@ -1,11 +1,14 @@
 """The pooled head's mean: reduced-precision token states are summed into float32, and
-float32 states pool to the same bits as the plain masked mean."""
+float32 states pool to the same bits as the plain masked mean; on the CPU, numpy's mean
+(the head's path for float32 states there) is torch's to float32 rounding."""
 
 from __future__ import annotations
 
+import numpy as np
+import pytest
 import torch
 
-from workers.heads.pooled import pool
+from workers.heads.pooled import mean_rows, pool
 
 
 def _states() -> tuple[torch.Tensor, torch.Tensor]:
@@ -30,3 +33,24 @@ def test_a_float32_mean_is_the_plain_masked_mean_to_the_bit():
     hidden, mask = _states()
     weights = mask[..., None].float()
     assert torch.equal(pool("mean", hidden, mask), (hidden * weights).sum(dim=1) / weights.sum(dim=1))
+
+
+@pytest.mark.parametrize("normalize", [False, True])
+def test_the_numpy_mean_on_the_cpu_is_torchs(normalize: bool):
+    hidden, mask = _states()
+    expected = pool("mean", hidden, mask)
+    if normalize:
+        expected = torch.nn.functional.normalize(expected, p=2, dim=1)
+    pooled = mean_rows(hidden.numpy(), mask.numpy(), normalize)
+    assert pooled.dtype == np.float32 and pooled.shape == (2, 16)
+    np.testing.assert_allclose(pooled, expected.numpy(), rtol=1e-5, atol=1e-7)
+
+
+def test_a_read_mask_of_int8_and_a_row_of_no_token_pool_as_in_torch():
+    hidden, _ = _states()
+    mask = torch.zeros(2, 300, dtype=torch.int8)
+    mask[0, 3:40] = 1
+    pooled = mean_rows(hidden.numpy(), mask.numpy(), normalize=True)
+    np.testing.assert_allclose(pooled, torch.nn.functional.normalize(pool("mean", hidden, mask), dim=1).numpy(),
+                               rtol=1e-5, atol=1e-7)
+    assert not pooled[1].any()
