@@ -1,6 +1,7 @@
 """The pooled head's mean: reduced-precision token states are summed into float32, and
 float32 states pool to the same bits as the plain masked mean; on the CPU, numpy's mean
-(the head's path for float32 states there) is torch's to float32 rounding."""
+(the head's path for float32 states there) is torch's to float32 rounding, and an input's
+mean is the same to the bit whatever its batch mates and padding."""
 
 from __future__ import annotations
 
@@ -54,3 +55,18 @@ def test_a_read_mask_of_int8_and_a_row_of_no_token_pool_as_in_torch():
     np.testing.assert_allclose(pooled, torch.nn.functional.normalize(pool("mean", hidden, mask), dim=1).numpy(),
                                rtol=1e-5, atol=1e-7)
     assert not pooled[1].any()
+
+
+def test_the_numpy_mean_of_an_input_does_not_depend_on_its_batch_mates_or_padding():
+    rng = np.random.default_rng(0)
+    states = rng.standard_normal((23, 384)).astype(np.float32)
+
+    def pooled_in_a_batch(padded: int, mates: int) -> np.ndarray:
+        hidden = rng.standard_normal((mates + 1, padded, 384)).astype(np.float32)
+        mask = np.ones((mates + 1, padded), dtype=np.int64)
+        hidden[0, :23], hidden[0, 23:], mask[0, 23:] = states, 0.0, 0
+        return mean_rows(hidden, mask, normalize=True)[0]
+
+    alone = pooled_in_a_batch(23, 0)
+    for padded, mates in ((24, 1), (40, 3), (64, 7), (256, 31)):
+        np.testing.assert_array_equal(pooled_in_a_batch(padded, mates), alone)
