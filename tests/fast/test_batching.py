@@ -277,17 +277,39 @@ def test_a_batch_is_shared_with_idle_lanes_interleaved_by_length():
     (2.0, [10, 10, 10, 10], [2, 2]),  # a core is left for the second part
     (1.2, [10, 10, 10, 10], [4]),  # one core left, and a part would hold less than a pass's fixed cost
     (1.2, [30, 30, 30, 30], [2, 2]),  # one left, but each part holds a fixed cost
-    (2.4, [10, 10, 10, 10, 10, 10], [3, 3]),  # two cores left of three lanes
 ])
-def test_a_batch_is_shared_where_a_core_is_left_for_each_part_or_each_part_holds_a_pass(cores_left, lengths, shares):
-    scheduler = _scheduler(overhead=50, lanes=3, cores_left=lambda: cores_left)
+def test_a_batch_of_several_requests_is_shared_where_a_core_is_left_for_each_part_or_each_part_holds_a_pass(
+        cores_left, lengths, shares):
+    scheduler = _scheduler(overhead=50, lanes=3, widens=True, cores_left=lambda: cores_left)
     threads, got = _wait_in_threads(scheduler, 3)
-    _submit(scheduler, 1, lengths)
+    _submit(scheduler, 1, [10])  # a lone input while every lane idles: a wide pass, which holds the others
+    while not got:
+        time.sleep(0.01)
+    (wide,) = got
+    assert wide.wide
+    for request_id, length in enumerate(lengths, start=2):  # a request each, queued behind the wide pass
+        _submit(scheduler, request_id, [length])
+    scheduler.finish(wide)
     for thread in threads:
         thread.join(0.3)
-    assert sorted(len(batch.items) for batch in got) == shares
-    for request_id in range(2, 2 + sum(thread.is_alive() for thread in threads)):
-        _submit(scheduler, request_id, [10])  # the lanes left waiting take one each
+    assert sorted(len(batch.items) for batch in got[1:]) == shares
+    _release(scheduler, threads, first_id=10)
+
+
+@pytest.mark.parametrize("cores_left", [0.0, 2.0])
+def test_a_request_alone_is_shared_with_every_idle_lane_whatever_the_cores_load(cores_left):
+    scheduler = _scheduler(overhead=50, lanes=2, cores_left=lambda: cores_left)
+    threads, got = _wait_in_threads(scheduler, 2)
+    _submit(scheduler, 1, [10, 10, 10, 10])
+    for thread in threads:
+        thread.join(5)
+    assert sorted(len(batch.items) for batch in got) == [2, 2]
+
+
+def _release(scheduler: Scheduler, threads: list[threading.Thread], first_id: int) -> None:
+    """Hand each lane still waiting a request of its own, and see them all end."""
+    for request_id in range(first_id, first_id + sum(thread.is_alive() for thread in threads)):
+        _submit(scheduler, request_id, [10])
         for thread in threads:
             thread.join(0.05)
     for thread in threads:

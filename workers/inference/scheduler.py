@@ -24,10 +24,12 @@ it is free, so one lane's padding, result writing and messaging overlap the othe
 compute. When a lane cuts a batch while other lanes of the model wait idle, the batch is
 shared with them: rows i, i + k, i + 2k, ... of the length-sorted batch go to lane i, so
 the parts take about as long and a lone large request still uses every core. Each part
-beyond the first is a pass more, with its fixed cost: it is cut only where a core is left
-for it (`cores_left`: the CPUs other processes left this one of late) or where it holds at
-least a pass's fixed cost in tokens; under a load that keeps the cores busy a small batch
-stays whole rather than spend a second pass's overhead on a core that has other work. A batch of
+beyond the first is a pass more, with its fixed cost: in a batch of several requests'
+inputs it is cut only where a core is left for it (`cores_left`: the CPUs other processes
+left this one of late) or where it holds at least a pass's fixed cost in tokens; under a
+stream of small requests that keeps the cores busy a small batch stays whole rather than
+spend a second pass's overhead on a core that has other work. One request's inputs are
+shared with every idle lane, for its latency. A batch of
 one input cut while every other lane waits idle runs as a wide pass, on every core, if the
 model's engine can (`widens`); the other lanes take no work until it ends. Such a pass (or
 one for a model of a single lane) for a lone input that arrives while every lane idles
@@ -411,7 +413,7 @@ class Scheduler:
             queue.passes.append(running)
             return Batch(model, items, wide=True, running=running)
         parts = 1 + max(0, min(idle, queue.lanes - len(queue.passes) - 1, len(items) - 1))
-        if parts > 1 and self._cores_left is not None:
+        if parts > 1 and self._cores_left is not None and _of_several_requests(items):
             parts = min(parts, max(round(self._cores_left()), _parts_holding_a_pass(queue, items)))
         batches = [Batch(model, items[i::parts], running=RunningPass.of(queue, items[i::parts]))
                    for i in range(parts)]
@@ -492,6 +494,17 @@ def _sort_key(entry: tuple[int, int, Item]) -> tuple[int, float, int]:
     """By cost, then in the fair order: a batch's neighbours of equal cost are the inputs
     whose turn comes first."""
     return entry[0], entry[2].tag, entry[1]
+
+
+def _of_several_requests(items: list[Item]) -> bool:
+    """Whether `items` are inputs of more than one request. One request's inputs are shared
+    as every idle lane allows, whatever the cores' load of late: its latency is what the
+    parts buy, and the same request on an idle server is cut the same way each time, so its
+    vectors repeat to the bit where the engine's do (docs/configuration.md#repeatable-vectors).
+    Several requests' are a stream of small ones, where a part's fixed cost on a busy core
+    costs throughput."""
+    first = items[0].request
+    return any(item.request is not first for item in items)
 
 
 def _parts_holding_a_pass(queue: _Queue, items: list[Item]) -> int:
