@@ -283,7 +283,8 @@ def test_a_batch_of_several_requests_is_shared_where_a_core_is_left_for_each_par
     scheduler = _scheduler(overhead=50, lanes=3, widens=True, cores_left=lambda: cores_left)
     threads, got = _wait_in_threads(scheduler, 3)
     _submit(scheduler, 1, [10])  # a lone input while every lane idles: a wide pass, which holds the others
-    while not got:
+    deadline = time.monotonic() + 5
+    while not got and time.monotonic() < deadline:
         time.sleep(0.01)
     (wide,) = got
     assert wide.wide
