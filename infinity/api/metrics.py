@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable, Iterator
+from typing import Any
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.metrics import MetricWrapperBase
 
 from infinity.api.connections import Handler
 from infinity.client.engine_client import EngineClient
@@ -36,31 +38,50 @@ class Metrics:
 
     def __init__(self, client: EngineClient, version: str) -> None:
         self.registry = CollectorRegistry()
-        self.requests = Counter("infinity_requests", "HTTP requests answered, by route, model, priority and status",
-                                ["route", "model", "priority", "status"], registry=self.registry)
-        self.duration = Histogram("infinity_request_duration_seconds", "Time from a request's headers to its answer",
-                                  ["route", "model", "priority"], buckets=DURATION_BUCKETS, registry=self.registry)
-        self.queue_time = Histogram("infinity_queue_duration_seconds", "Time an input waited in its inference "
-                                    "process for a batch", ["model", "priority"], buckets=DURATION_BUCKETS,
-                                    registry=self.registry)
-        self.inference_time = Histogram("infinity_inference_duration_seconds", "Time of one batch's forward pass and "
-                                        "head", ["model"], buckets=DURATION_BUCKETS, registry=self.registry)
-        self.batch_size = Histogram("infinity_batch_size", "Inputs per batch", ["model"], buckets=BATCH_SIZE_BUCKETS,
-                                    registry=self.registry)
-        self.batch_tokens = Histogram("infinity_batch_tokens", "Padded tokens per batch (an image batch: its "
-                                      "patches)", ["model"], buckets=BATCH_TOKEN_BUCKETS, registry=self.registry)
+        # Each instrument by its labels' values (`_Children`), looked up per request and per batch.
+        self.requests = _Children(Counter("infinity_requests", "HTTP requests answered, by route, model, priority and "
+                                          "status", ["route", "model", "priority", "status"], registry=self.registry))
+        self.duration = _Children(Histogram("infinity_request_duration_seconds", "Time from a request's headers to "
+                                            "its answer", ["route", "model", "priority"], buckets=DURATION_BUCKETS,
+                                            registry=self.registry))
+        self.queue_time = _Children(Histogram("infinity_queue_duration_seconds", "Time an input waited in its "
+                                              "inference process for a batch", ["model", "priority"],
+                                              buckets=DURATION_BUCKETS, registry=self.registry))
+        self.inference_time = _Children(Histogram("infinity_inference_duration_seconds", "Time of one batch's "
+                                                  "forward pass and head", ["model"], buckets=DURATION_BUCKETS,
+                                                  registry=self.registry))
+        self.batch_size = _Children(Histogram("infinity_batch_size", "Inputs per batch", ["model"],
+                                              buckets=BATCH_SIZE_BUCKETS, registry=self.registry))
+        self.batch_tokens = _Children(Histogram("infinity_batch_tokens", "Padded tokens per batch (an image batch: "
+                                                "its patches)", ["model"], buckets=BATCH_TOKEN_BUCKETS,
+                                                registry=self.registry))
         self.registry.register(_EngineClientCollector(client, version))
         client.on_batch_ran = self._observe_batch
 
     def _observe_batch(self, batch: protocol.BatchRan) -> None:
-        self.inference_time.labels(batch.model).observe(batch.seconds)
-        self.batch_size.labels(batch.model).observe(batch.inputs)
-        self.batch_tokens.labels(batch.model).observe(batch.tokens)
+        self.inference_time(batch.model).observe(batch.seconds)
+        self.batch_size(batch.model).observe(batch.inputs)
+        self.batch_tokens(batch.model).observe(batch.tokens)
         for wait, priority in zip(batch.waits, batch.priorities, strict=True):
-            self.queue_time.labels(batch.model, str(priority)).observe(wait)
+            self.queue_time(batch.model, str(priority)).observe(wait)
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class _Children:
+    """A labelled metric's children by their label values (strings), each looked up in
+    prometheus_client once: its `labels` checks the values and takes a lock at every call."""
+
+    def __init__(self, metric: MetricWrapperBase) -> None:
+        self._metric = metric
+        self._children: dict[tuple[str, ...], Any] = {}
+
+    def __call__(self, *values: str) -> Any:
+        child = self._children.get(values)
+        if child is None:
+            child = self._children[values] = self._metric.labels(*values)
+        return child
 
 
 class _EngineClientCollector:
@@ -142,8 +163,8 @@ def record_request(metrics: Metrics) -> Callable[[web.Request, Handler], Awaitab
             resource = request.match_info.route.resource
             route = resource.canonical if resource is not None else "unmatched"
             model, priority = request.get(MODEL, ""), str(request.get(PRIORITY, ""))
-            metrics.requests.labels(route, model, priority, str(status)).inc()
-            metrics.duration.labels(route, model, priority).observe(time.perf_counter() - start)
+            metrics.requests(route, model, priority, str(status)).inc()
+            metrics.duration(route, model, priority).observe(time.perf_counter() - start)
 
     return record
 
