@@ -64,7 +64,7 @@ def chunk_means(result: Result, normalize: bool) -> np.ndarray:
     """Each input's vector, (n, dim) float32: the token-weighted mean of its chunks' vectors
     (the module's formula), re-normalised where the model normalises; the vector itself for
     an input that was not chunked."""
-    rows = np.stack(list(result.rows()))
+    rows = result.stacked()
     if result.chunks is None:
         return rows
     starts, weights = chunk_starts(result.chunks), np.asarray(result.costs, dtype=np.float64)[:, None]

@@ -205,6 +205,13 @@ class Result:
         for slot in self.slots:
             yield self.arena.rows[slot] if self.ragged is None else self.ragged[slot]
 
+    def stacked(self) -> np.ndarray:
+        """Every input's output as one (n, ...) array, a copy: the arena's rows taken at once
+        where they are there (outputs of one size each)."""
+        if self.ragged is None:
+            return self.arena.rows[self.slots]
+        return np.stack([self.ragged[slot] for slot in self.slots])
+
     def rows_of(self, vector_type: str) -> list[np.ndarray]:
         """A hybrid model's `vector_type` outputs, in input order (those of a request that
         asked for that type alone are its `rows`)."""

@@ -163,7 +163,7 @@ async def classify(request: web.Request, body: ClassifyRequest) -> ClassifyRespo
     inputs = text_or_token_inputs(body.input, max_items(request))
     result = await request.app[ENGINE_CLIENT].run(model, inputs)
     try:
-        logits = np.stack(list(result.rows()))
+        logits = result.stacked()
     finally:
         result.release()
     scores = logits if body.raw_scores else activate(logits, result.activation)
