@@ -10,6 +10,7 @@ inference process pads each batch to its own longest input.
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 from collections.abc import Callable, Sequence
@@ -23,6 +24,7 @@ from tokenizers import AddedToken, Encoding, Tokenizer
 from infinity.shared import protocol
 from infinity.shared.protocol import ModelSpec
 from workers.preprocess import InputError
+from workers.preprocess.plain_ascii import PlainAscii
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +91,7 @@ class ModelTokenizer:
         # Cut always: whether a long input is then kept cut, chunked or refused is the request's.
         self._tokenizer.enable_truncation(spec.max_length)
         self._pair_tokenizer.enable_truncation(spec.max_length, strategy="only_second")
+        self._plain_ascii = PlainAscii.of(self._tokenizer)
 
     def tokenize(self, request: protocol.Tokenize) -> protocol.Tokenized | protocol.LookedUp:
         """`request`'s inputs made ready for the model: its texts (each after the request's
@@ -113,13 +116,13 @@ class ModelTokenizer:
                                             lambda document: self._tokens(query, document, special_tokens=True))
             sequences = [e.ids for e in encodings]
             if self._pair_segments:
-                type_ids = np.fromiter((t for e in encodings for t in e.type_ids), dtype=np.int8).tobytes()
+                type_ids = np.fromiter(itertools.chain.from_iterable(e.type_ids for e in encodings),
+                                       dtype=np.int8).tobytes()
         elif request.texts is not None:
             texts, cut = self._readable(request.texts)
             prompt = self._cased(request.prompt)
             # What is read of a text holds its first max_length tokens: after a prompt too.
-            # `_fast`: without character offsets, which nothing here reads (15-20% less time).
-            encodings = self._tokenizer.encode_batch_fast([prompt + text for text in texts])
+            encodings = self._encode([prompt + text for text in texts])
             if long_inputs == "chunk":
                 budget = self._spec.max_length - self._tokenizer.num_special_tokens_to_add(False) - self._tokens(prompt)
                 # A text to embed is refused beyond the model's cap; a document (its cap the request's), cut.
@@ -127,7 +130,7 @@ class ModelTokenizer:
                                      refuse_beyond=request.max_chunks is None)
                 encodings, truncated, chunks = self._chunked(
                     encodings, request.texts, cut, chunking,
-                    lambda spans: self._tokenizer.encode_batch_fast([prompt + span for span in spans]))
+                    lambda spans: self._encode([prompt + span for span in spans]))
             else:
                 truncated = self._truncated(encodings, cut, long_inputs, request.texts,
                                             lambda text: self._tokens(prompt + text, special_tokens=True))
@@ -137,9 +140,16 @@ class ModelTokenizer:
         else:
             sequences, truncated, chunks = self._check_token_ids(request.token_ids or [], long_inputs, request)
         lengths = [len(s) for s in sequences]
-        ids = np.fromiter((t for s in sequences for t in s), dtype="<i4", count=sum(lengths))
+        ids = np.fromiter(itertools.chain.from_iterable(sequences), dtype="<i4", count=sum(lengths))
         return protocol.Tokenized(request.request_id, protocol.TokenInputs(ids.tobytes(), lengths, type_ids, masks),
                                   truncated, chunks)
+
+    def _encode(self, texts: list[str]) -> list[Encoding]:
+        """`texts` cut to their first max_length tokens, past the BERT normalizer where they
+        are plain ASCII (`PlainAscii`); without character offsets, which nothing here reads
+        (`encode_batch_fast`: 15-20% less time)."""
+        encodings = self._plain_ascii.encode_batch(texts) if self._plain_ascii is not None else None
+        return self._tokenizer.encode_batch_fast(texts) if encodings is None else encodings
 
     def _overlap(self, request: protocol.Tokenize) -> int:
         return self._spec.chunk_overlap if request.chunk_overlap is None else request.chunk_overlap
@@ -422,15 +432,14 @@ class TokenItem:
 def token_items(inputs: protocol.TokenInputs) -> tuple[list[int], list[TokenItem]]:
     """(what each input costs a pass: its length, each input) of `inputs`."""
     ids = np.frombuffer(inputs.ids, dtype="<i4")
-    type_ids, attended, read = (None if flags is None else np.frombuffer(flags, dtype=np.int8)
-                                for flags in (inputs.type_ids, *_masks(inputs.masks)))
-    offsets = np.cumsum([0, *inputs.lengths])
-    items = []
-    for start, end in zip(offsets[:-1], offsets[1:]):
-        items.append(TokenItem(ids[start:end], None if type_ids is None else type_ids[start:end],
-                               None if attended is None else attended[start:end],
-                               None if read is None else read[start:end]))
-    return inputs.lengths, items
+    flags = [None if array is None else np.frombuffer(array, dtype=np.int8)
+             for array in (inputs.type_ids, *_masks(inputs.masks))]
+    offsets = list(itertools.accumulate(inputs.lengths, initial=0))  # ints: numpy's would slice slower
+    spans = zip(offsets, offsets[1:])
+    if all(array is None for array in flags):  # a plain text's: the ids alone
+        return inputs.lengths, [TokenItem(ids[start:end]) for start, end in spans]
+    return inputs.lengths, [TokenItem(ids[start:end], *(None if array is None else array[start:end] for array in flags))
+                            for start, end in spans]
 
 
 def _masks(masks: protocol.TokenMasks | None) -> tuple[bytes | None, bytes | None]:
