@@ -101,7 +101,6 @@ class CTranslate2Engine:
         self.pad_id = pad_id(spec)
         settle_wide_copy(self, spec.max_length)
 
-    @torch.inference_mode()
     def forward(self, input_ids: np.ndarray, attention_mask: np.ndarray,
                 token_type_ids: np.ndarray, wide: bool = False, express: bool = False) -> torch.Tensor:
         import ctranslate2
@@ -128,4 +127,9 @@ def _classification_head(spec: ModelSpec, model_type: str) -> Callable[[object],
 
     head = AutoModelForSequenceClassification.from_pretrained(spec.path, dtype=torch.float32).eval().classifier
     output_field = "pooler_output" if model_type == "bert" else "last_hidden_state"
-    return lambda output: head(torch.from_numpy(np.asarray(getattr(output, output_field))).float())
+
+    @torch.inference_mode()
+    def classify(output: object) -> torch.Tensor:
+        return head(torch.from_numpy(np.asarray(getattr(output, output_field))).float())
+
+    return classify

@@ -59,6 +59,7 @@ def mean_rows(hidden: np.ndarray, mask: np.ndarray, normalize: bool) -> np.ndarr
     vectors = np.einsum("nl,nld->nd", weights, hidden)
     vectors /= np.maximum(weights.sum(axis=1, keepdims=True), 1e-9)
     if normalize:
-        # torch.nn.functional.normalize's rule: divided by the norm, or by 1e-12 if smaller.
-        vectors /= np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
+        # torch.nn.functional.normalize's rule: divided by the norm, or by 1e-12 if smaller;
+        # the norm as np.linalg.norm computes it along an axis, without its checks.
+        vectors /= np.maximum(np.sqrt(np.add.reduce(vectors * vectors, axis=1, keepdims=True)), 1e-12)
     return vectors
