@@ -209,7 +209,7 @@ class Result:
         """Every input's output as one (n, ...) array, a copy: the arena's rows taken at once
         where they are there (outputs of one size each)."""
         if self.ragged is None:
-            return self.arena.rows[self.slots]
+            return self.arena.rows.take(self.slots, axis=0)
         return np.stack([self.ragged[slot] for slot in self.slots])
 
     def rows_of(self, vector_type: str) -> list[np.ndarray]:

@@ -79,7 +79,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class PendingRequest:
     request_id: int
     queue: str
