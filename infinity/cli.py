@@ -15,13 +15,15 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
-from infinity.config import Config, ConfigError, ServerConfig, load_config, load_one_model
+from infinity.config import (MAX_PRIORITY, MIN_PRIORITY, Config, ConfigError, ServerConfig, load_config,
+                             load_one_model)
 from infinity.api.connections import ConnectionGuard, ConnectionLimits, GuardedSite
 from infinity.shared import tracing
 from infinity.shared.protocol import ModelSpec
 
 if TYPE_CHECKING:
-    from infinity.corpus.job import JobOptions
+    from infinity.corpus.batch_file import BatchSummary
+    from infinity.corpus.job import JobOptions, Summary
 
 _SERVER_FLAGS = {
     # flag: (server key, type, help)
@@ -103,6 +105,11 @@ def _add_embed_command(commands: argparse._SubParsersAction) -> None:
     embed.add_argument("--rows-per-part", type=int, help="rows of one output part (default 4096)")
     embed.add_argument("--batch-size", type=int, help="inputs per batch sent to the model (default 32)")
     embed.add_argument("--tokenizer-workers", type=int, help="tokenizer processes (default: from the core count)")
+    embed.add_argument("--url", help="send the rows to the running server at this URL (its /v1/embeddings) instead "
+                                     "of loading the model here; --model then names one of its models")
+    embed.add_argument("--api-key", help="with --url: the server's key (default: INFINITY_API_KEY)")
+    embed.add_argument("--priority", type=int, help="with --url: the requests' priority (default 1: after queries, "
+                                                    "which default to 0)")
     embed.add_argument("--log-level", default="warning", help="the children's and the job's (default warning)")
     embed.add_argument("--quiet", action="store_true", help="no progress bar")
 
@@ -162,27 +169,67 @@ def main(argv: list[str] | None = None) -> None:
 
 def _embed(args: argparse.Namespace) -> int:
     from infinity.corpus import batch_file, job
+    from infinity.corpus.encoder import ModelUnavailable
     from infinity.corpus.parts import OutputError
     from infinity.corpus.plan import PlanError
-    from infinity.folders.resolve import resolve_replicas
-    from infinity.shared import shm
-    from infinity.shared.devices import cpu_computes_bfloat16
+    from infinity.corpus.remote import ServerRefused
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s [embed] %(message)s")
     overrides = {"log_level": args.log_level, "tokenizer_workers": args.tokenizer_workers}
     try:
-        config, model = load_one_model(args.config, args.model, overrides)
+        config = load_config(args.config, server_overrides=overrides)
+        url = args.url or config.embed.url
         options = _embed_options(args, config)
-        cpu_bfloat16 = config.server.auto_bfloat16 and cpu_computes_bfloat16()
-        specs = resolve_replicas(model, cpu_bfloat16)
-        shm.remove_stale()
-        summary = (batch_file.run(args.input, args.output, config, specs, args.quiet)
-                   if batch_file.is_batch_file(args.input) else job.run(options, config, specs))
-    except (ConfigError, PlanError, OutputError, job.JobError, batch_file.BatchFileError) as exc:
+        if url is None:
+            for flag in ("priority", "api_key"):
+                if getattr(args, flag) is not None:
+                    raise ConfigError(f"--{flag.replace('_', '-')} applies to a job sent to a server: give --url")
+            summary = _embed_here(args, options)
+        else:
+            if args.tokenizer_workers is not None:
+                raise ConfigError("--tokenizer-workers applies to a model loaded here, not to a job sent to --url")
+            summary = _embed_on_server(args, options, config, url)
+    except (ConfigError, PlanError, OutputError, job.JobError, batch_file.BatchFileError, ServerRefused) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except ModelUnavailable as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     print(summary, file=sys.stderr)
     return 0
+
+
+def _embed_here(args: argparse.Namespace, options: JobOptions) -> Summary | BatchSummary:
+    """The job on the model loaded here, on children of this process."""
+    from infinity.corpus import batch_file, job
+    from infinity.corpus.encoder import LocalEncoder
+    from infinity.folders.resolve import resolve_replicas
+    from infinity.shared import shm
+    from infinity.shared.devices import cpu_computes_bfloat16
+
+    overrides = {"log_level": args.log_level, "tokenizer_workers": args.tokenizer_workers}
+    config, model = load_one_model(args.config, args.model, overrides)
+    cpu_bfloat16 = config.server.auto_bfloat16 and cpu_computes_bfloat16()
+    specs = resolve_replicas(model, cpu_bfloat16)
+    shm.remove_stale()
+    if batch_file.is_batch_file(args.input):
+        return batch_file.run(args.input, args.output, config, specs, args.quiet)
+    return job.run(options, lambda: LocalEncoder(config, specs))
+
+
+def _embed_on_server(args: argparse.Namespace, options: JobOptions, config: Config,
+                     url: str) -> Summary | BatchSummary:
+    """The job sent to the server at `url`, at the priority asked (1 unless told)."""
+    from infinity.corpus import batch_file, job
+    from infinity.corpus.remote import DEFAULT_PRIORITY, ServerEncoder
+
+    priority = next((p for p in (args.priority, config.embed.priority) if p is not None), DEFAULT_PRIORITY)
+    if not MIN_PRIORITY <= priority <= MAX_PRIORITY:
+        raise ConfigError(f"--priority must be between {MIN_PRIORITY} and {MAX_PRIORITY}")
+    api_key = args.api_key or config.server.api_key
+    if batch_file.is_batch_file(args.input):
+        return batch_file.run_on_server(args.input, args.output, url, args.model, api_key, priority, args.quiet)
+    return job.run(options, lambda: ServerEncoder(url, args.model, api_key, priority, config.media))
 
 
 def _embed_options(args: argparse.Namespace, config: Config) -> JobOptions:

@@ -238,10 +238,16 @@ class EmbedConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     dimensions: int | None = None
     rows_per_part: int = 4096  # rows of one output part: what a killed job may have to redo
     batch_size: int = 32  # inputs per request to the model
+    # A running server to send the rows to (its /v1/embeddings) instead of loading the model
+    # here, at `priority` (none: 1, below queries' 0), so that its queries go first.
+    url: str | None = None
+    priority: Priority | None = None
 
     def __post_init__(self) -> None:
         if self.image_column is not None and self.audio_column is not None:
             raise ConfigError("embed: give image_column or audio_column, not both")
+        if self.priority is not None and self.url is None:
+            raise ConfigError("embed.priority orders requests in a server's queue: set embed.url too")
         if self.rows_per_part < 1 or self.batch_size < 1:
             raise ConfigError("embed.rows_per_part and embed.batch_size must be positive")
         if self.dimensions is not None and self.dimensions < 1:

@@ -1,6 +1,6 @@
 """Ray Data's side of the engine: `Embed`, the callable class that `Dataset.map_batches`
 runs in each actor. An actor starts the model once, on its own children (tokenizer
-processes, an inference process per GPU Ray gives it, or the CPU), through `Encoder` on a
+processes, an inference process per GPU Ray gives it, or the CPU), through `LocalEncoder` on a
 private event loop in a background thread; each batch adds an `embedding` column and an
 `error` column (None where the row embedded), so a bad row never stops the job.
 
@@ -26,7 +26,7 @@ import pyarrow as pa
 import uvloop
 
 from infinity.config import load_one_model
-from infinity.corpus.encoder import Encoded, Encoder
+from infinity.corpus.encoder import Encoded, LocalEncoder
 from infinity.corpus.job import converter, output_type
 from infinity.corpus.sources import Columns, Rows
 from infinity.shared.kinds import KINDS
@@ -67,7 +67,7 @@ class Embed:
         self._type = output_type(self._kind, medium, embedding_type, dimensions)
         shm.remove_stale()  # what actors killed on this node (ray.kill, a crash) left under /dev/shm
 
-        self._encoder: Encoder | None = None
+        self._encoder: LocalEncoder | None = None
         self._stopped = False
         self._cores = [] if gpus else _claim_cores(_assigned_cpus())
         self._loop = uvloop.new_event_loop()
@@ -81,7 +81,7 @@ class Embed:
         except BaseException:
             self.stop()
             raise
-        info = self._encoder.info
+        info = self._encoder.serving
         if dimensions is not None and not 0 < dimensions <= info.dim:
             self.stop()
             raise ValueError(f"dimensions must be between 1 and {info.dim} for this model")
@@ -158,10 +158,10 @@ def _sparse_records(entries: np.ndarray) -> list[dict[str, Any]]:
     return [{"index": int(index), "value": float(value)} for index, value in zip(entries["index"], entries["value"])]
 
 
-async def _started(config: Any, specs: list[Any]) -> Encoder:
+async def _started(config: Any, specs: list[Any]) -> LocalEncoder:
     # Made on the loop's thread: the children it spawns die with the thread that started them
     # (PR_SET_PDEATHSIG), and that thread lives as long as the encoder.
-    encoder = Encoder(config, specs)
+    encoder = LocalEncoder(config, specs)
     try:
         await encoder.start()
     except BaseException:

@@ -34,6 +34,7 @@ from infinity.api.routes import ROUTES, Route
 from infinity.api.media_fetch import MediaFetcher
 from infinity.api.metrics import METRICS, MODEL, PRIORITY, Metrics, record_request, serve_metrics
 from infinity.api.routes.common import CONFIG, ENGINE_CLIENT, FETCHER, KIND_ROUTES, RawAnswer
+from infinity.api.routes.status import DIGESTS, FolderDigests
 from infinity.api.decode import decode_body
 from infinity.api.types.common import ModelRequest
 from infinity.shared import tracing
@@ -76,6 +77,7 @@ def create_app(config: Config, specs: list[ModelSpec], launch: Launch = spawn_pr
     app[ENGINE_CLIENT] = client
     app[METRICS] = metrics
     app[FETCHER] = MediaFetcher(config.media)
+    app[DIGESTS] = FolderDigests()
     app[EXIT_CODE] = [0]
     app[MAX_INPUT_CHARS] = max(spec.max_input_chars for spec in specs)
     for route in ROUTES:

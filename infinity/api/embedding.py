@@ -63,7 +63,7 @@ class Embedder:
             data = [EmbeddingData(index=i, embedding=value) for i, value in enumerate(encoded[types[0]])]
         else:
             data = [EmbeddingData(index=i, embeddings={t: encoded[t][i] for t in types}) for i in range(len(rows))]
-        return EmbeddingResponse(data=data, model=model.spec.name, usage=Usage.of(result))
+        return EmbeddingResponse(data=data, model=model.spec.name, usage=Usage.of(result, body.input_usage))
 
     async def embeddings_bytes(self, model: ServedModel, body: EmbeddingRequest) -> bytes:
         """`body`'s vectors on `model` as one binary answer (`infinity.api.binary`): float
@@ -85,7 +85,7 @@ class Embedder:
         inputs = await self._inputs(model, body)
         result, rows = await self.vectors(model, inputs, body.dimensions or None, "dimensions")
         return encode_rows(rows, body.embed_dtype, body.endianness,
-                           {"model": name, "usage": msgspec.to_builtins(Usage.of(result))})
+                           {"model": name, "usage": msgspec.to_builtins(Usage.of(result, body.input_usage))})
 
     async def _inputs(self, model: ServedModel, body: EmbeddingRequest) -> ModelInputs:
         """The inputs `body` (`with_input`) holds, as its modality says (media fetched),
@@ -167,7 +167,7 @@ class Embedder:
             data.append(EmbeddingData(index=i, shape=list(matrix.shape),
                                       **({"embedding": encoded[types[0]]} if body.embedding_types is None
                                          else {"embeddings": encoded})))
-        return EmbeddingResponse(data=data, model=model.spec.name, usage=Usage.of(result))
+        return EmbeddingResponse(data=data, model=model.spec.name, usage=Usage.of(result, body.input_usage))
 
     async def _sparse(self, model: ServedModel, inputs: ModelInputs, body: EmbeddingRequest) -> EmbeddingResponse:
         """A sparse model's embeddings: each item its nonzero values and their indices, by
@@ -192,7 +192,7 @@ class Embedder:
             vector = _sparse_embedding(entries)
             data.append(EmbeddingData(index=i, **({"embedding": vector} if body.embedding_types is None
                                                   else {"embeddings": {"float": vector}})))
-        return EmbeddingResponse(data=data, model=name, usage=Usage.of(result))
+        return EmbeddingResponse(data=data, model=name, usage=Usage.of(result, body.input_usage))
 
     async def _hybrid(self, model: ServedModel, inputs: ModelInputs, body: EmbeddingRequest) -> EmbeddingResponse:
         """The outputs of a hybrid model `body.outputs` asks for, from one pass: each item
@@ -229,7 +229,7 @@ class Embedder:
         for item, matrix in zip(items, by_type.get("multivector", [])):
             item.update(multivector=encode_matrix(matrix, types[0], as_base64), shape=list(matrix.shape))
         return EmbeddingResponse(data=[EmbeddingData(index=i, **item) for i, item in enumerate(items)], model=name,
-                                 usage=Usage.of(result))
+                                 usage=Usage.of(result, body.input_usage))
 
 
 def _check_dimensions(model: ServedModel, dimensions: int | None, param: str) -> None:

@@ -104,6 +104,9 @@ def refuse_unless_late_chunkable(model: ServedModel, body: EmbeddingRequest) -> 
             raise APIError(422, f"late chunking answers one vector per span, reading long texts in windows; leave "
                                 f"{param} out",
                            param=param)
+    if body.input_usage:
+        raise APIError(422, "late chunking bills each text's windows, not one count per input; leave input_usage out",
+                       param="input_usage")
 
 
 def refuse_on_cohere(body: CohereEmbedRequest) -> None:

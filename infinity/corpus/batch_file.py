@@ -2,7 +2,8 @@
 where each line of the input is a batch request (`custom_id`, `method`, `url`, `body`)
 for `/v1/embeddings`. Owns telling such a file from a corpus, reading its lines, answering
 each body as the server's `/v1/embeddings` route does (`infinity.api.embedding`, the
-route's own decoding and error bodies), and writing OpenAI's batch output file:
+route's own decoding and error bodies) or, with `embed --url`, sending it to a running
+server's (`infinity.corpus.remote.ServerAnswerer`), and writing OpenAI's batch output file:
 one line per input line, in input order, written to a temporary file and renamed at the
 end.
 
@@ -36,6 +37,7 @@ from infinity.client.engine_client import EngineClient, ServingError, at_priorit
 from infinity.client.topology import ServedModel
 from infinity.config import Config
 from infinity.corpus.encoder import TRANSIENT
+from infinity.corpus.remote import ServerAnswerer, ServerClient, model_card
 from infinity.shared.kinds import KINDS
 from infinity.shared.protocol import ErrorKind, ModelSpec
 
@@ -186,11 +188,35 @@ def run(input: str, output: str, config: Config, specs: list[ModelSpec], quiet: 
     import uvloop
 
     check_model(specs[0])
+    return uvloop.run(_run(input, _target(output), config, specs, quiet))
+
+
+def run_on_server(input: str, output: str, url: str, model: str | None, api_key: str | None, priority: int,
+                  quiet: bool = False) -> BatchSummary:
+    """`run`, each body sent to the server at `url` (at `priority` where it names none)."""
+    import uvloop
+
+    return uvloop.run(_run_on_server(input, _target(output), ServerClient(url, api_key), model, priority, quiet))
+
+
+def _target(output: str) -> Path:
     target = Path(output)
     if target.is_dir():
         raise BatchFileError(f"{output} is a folder; a batch file's output is a file (e.g. out.jsonl)")
     target.parent.mkdir(parents=True, exist_ok=True)
-    return uvloop.run(_run(input, target, config, specs, quiet))
+    return target
+
+
+async def _run_on_server(input: str, target: Path, server: ServerClient, model: str | None, priority: int,
+                         quiet: bool) -> BatchSummary:
+    try:
+        card = await model_card(server, model, lambda card: card["ready"], "loaded the model")
+        if not {"embed", "sparse"} & set(card["capabilities"]):
+            raise BatchFileError(f"the model '{card['id']}' is of kind '{card['kind']}', which /v1/embeddings does "
+                                 "not serve: give an embedding model")
+        return await write_output(input, target, ServerAnswerer(server, card["id"], priority), quiet)
+    finally:
+        await server.close()
 
 
 async def _run(input: str, target: Path, config: Config, specs: list[ModelSpec], quiet: bool) -> BatchSummary:
@@ -205,7 +231,8 @@ async def _run(input: str, target: Path, config: Config, specs: list[ModelSpec],
         await client.stop()
 
 
-async def write_output(input: str, target: Path, answerer: Answerer, quiet: bool = True) -> BatchSummary:
+async def write_output(input: str, target: Path, answerer: Answerer | ServerAnswerer,
+                       quiet: bool = True) -> BatchSummary:
     """Answer the lines of `input` at most `IN_FLIGHT` at once and write them, in order, to
     `target` (through a temporary file: a run that stops leaves no half output)."""
     summary = BatchSummary(output=str(target))

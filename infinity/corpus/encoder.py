@@ -1,13 +1,19 @@
-"""A model on its own children (tokenizer processes, an inference process per device),
-for code that is not a server: the corpus job, Ray Data's actors. Inputs go in as a batch;
-a batch the model refuses is tried again row by row, so that a bad row (too long with
-truncation off, an image that does not decode, one that stops the inference process)
-fails alone and the others are embedded."""
+"""Embedding inputs in batches for code that is not a server: the corpus job, Ray Data's
+actors. A batch the model refuses is tried again row by row, so that a bad row (too long
+with truncation off, an image that does not decode, one that stops the inference process)
+fails alone and the others are embedded. A model that is loading, full or restarting is
+waited for; one that stays away stops the caller (`ModelUnavailable`), never fails rows.
+
+`Encoder` owns that; what runs one batch is its subclass's: `LocalEncoder` here (the model
+on children of this process, as `serve` runs them), `ServerEncoder` in
+`infinity.corpus.remote` (a running server's `/v1/embeddings`)."""
 
 from __future__ import annotations
 
 import asyncio
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -15,13 +21,38 @@ from infinity.api.long_inputs import chunk_means
 from infinity.api.media_fetch import MediaFetcher
 from infinity.client.engine_client import EngineClient, ModelInputs, ServingError
 from infinity.client.topology import ServedModel
-from infinity.config import Config
-from infinity.shared.protocol import ErrorKind, ModelInfo, ModelSpec
+from infinity.config import Config, MediaConfig
+from infinity.shared.folders import folder_digest
+from infinity.shared.kinds import KINDS, KindSpec
+from infinity.shared.protocol import ErrorKind, ModelSpec
+from infinity.shared.vectors import largest
 
 # Kinds that say nothing of the inputs: wait for the model and try again.
 TRANSIENT = {ErrorKind.OVERLOADED, ErrorKind.MODEL_NOT_READY, ErrorKind.NOT_READY}
-_READY_TIMEOUT_S = 600.0
-_TRANSIENT_TRIES = 20
+READY_TIMEOUT_S = 600.0  # how long a model may stay away before the caller stops
+
+
+class ModelUnavailable(Exception):
+    """The model stayed unavailable (loading, full, its server down) for `READY_TIMEOUT_S`:
+    the job stops with its finished parts kept, to be resumed by running it again."""
+
+
+@dataclass(frozen=True)
+class Serving:
+    """What serves the model, as the corpus job's manifest records it."""
+
+    engine: str
+    dtype: str
+    dim: int
+
+
+@dataclass(frozen=True)
+class Batch:
+    """One batch's answer, by input: its output, what it cost (tokens), and the positions cut."""
+
+    outputs: list[np.ndarray]
+    costs: list[int]
+    cut: set[int]
 
 
 @dataclass
@@ -47,26 +78,43 @@ class Encoded:
             self.outputs[position], self.costs[position], self.cut[position] = outputs[j], costs[j], cut[j]
 
 
-class Encoder:
-    """One model of `config` (`specs`: its replicas) served by children of this process."""
+class Encoder(ABC):
+    """One embedding model, however it is served: inputs in batches, a refused batch
+    retried row by row, a model away waited for."""
 
-    def __init__(self, config: Config, specs: list[ModelSpec]) -> None:
-        self._config = config
-        self._client = EngineClient(config.server, specs, media=config.media)
-        self._fetcher = MediaFetcher(config.media)
-        self.model: ServedModel = self._client.models[specs[0].name]
+    def __init__(self, media: MediaConfig) -> None:
+        self._media = media
+        self._fetcher = MediaFetcher(media)
+
+    @property
+    @abstractmethod
+    def kind(self) -> KindSpec:
+        """The model's kind (`infinity.shared.kinds`)."""
+
+    @abstractmethod
+    async def identity(self) -> dict[str, Any]:
+        """What ties an output to this model (its name, kind, content hash and the settings
+        that change its vectors), for the corpus job's manifest; asked before `start`."""
+
+    @property
+    @abstractmethod
+    def serving(self) -> Serving:
+        """The engine, precision and width the model is served with (after `start`)."""
 
     async def start(self) -> None:
-        await self._client.start()
+        """Wait until the model serves."""
 
     async def stop(self) -> None:
         await self._fetcher.close()
-        await self._client.stop()
 
-    @property
-    def info(self) -> ModelInfo:
-        assert self.model.info is not None, "start() first"
-        return self.model.info
+    @abstractmethod
+    async def _once(self, inputs: list[str | bytes], medium: str) -> Batch:
+        """Run `inputs` once, or raise the `ServingError` of why not."""
+
+    @abstractmethod
+    async def _ready(self) -> None:
+        """Return once the model may take inputs again (or soon may: the caller tries
+        again until `READY_TIMEOUT_S` has passed)."""
 
     async def encode(self, inputs: list[str | bytes], medium: str = "text") -> Encoded:
         """The outputs of `inputs`: texts, or for `medium` "image"/"audio" the bytes of each
@@ -103,7 +151,7 @@ class Encoder:
     async def _fetched(self, inputs: list[str | bytes], encoded: Encoded) -> list[str | bytes]:
         """Media inputs as bytes: URLs fetched (a failure fails that row), data: URIs as sent."""
         fetched = list(inputs)
-        limit = self._config.media.max_bytes(self.model.kind.medium)
+        limit = self._media.max_bytes(self.kind.medium)
         for i, item in enumerate(inputs):
             if isinstance(item, str) and item.startswith("data:"):
                 fetched[i] = item.encode("ascii", "replace")
@@ -119,7 +167,7 @@ class Encoder:
         if not inputs:
             return
         try:
-            result = await self._run(inputs, medium, retry_crash=len(inputs) == 1)
+            batch = await self._run(inputs, medium, retry_crash=len(inputs) == 1)
         except ServingError as exc:
             if len(inputs) == 1:
                 encoded.failed[positions[0]] = (exc.kind.value, exc.message)
@@ -127,41 +175,76 @@ class Encoder:
             await asyncio.gather(*(self._encode_into(encoded, [p], [item], medium)
                                    for p, item in zip(positions, inputs)))
             return
-        outputs, costs, cut = result
-        encoded.take(positions, outputs, costs, [j in cut for j in range(len(positions))])
+        encoded.take(positions, batch.outputs, batch.costs, [j in batch.cut for j in range(len(positions))])
 
-    async def _run(self, inputs: list[str | bytes], medium: str,
-                   retry_crash: bool) -> tuple[list[np.ndarray], list[int], set[int]]:
-        """Run `inputs` once; the model not ready or full, wait and run again; an inference
+    async def _run(self, inputs: list[str | bytes], medium: str, retry_crash: bool) -> Batch:
+        """Run `inputs`; the model not ready or full, wait and run again; an inference
         process that died under them, once more if `retry_crash` (a lone input: was it the
         input, or the process?)."""
-        model_inputs = ModelInputs(texts=inputs) if medium == "text" else ModelInputs(media=inputs)  # type: ignore[arg-type]
-        crashes = 0
-        for _ in range(_TRANSIENT_TRIES):
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + READY_TIMEOUT_S
+        crashed = False
+        while True:
             try:
-                result = await self._client.run(self.model, model_inputs)
+                return await self._once(inputs, medium)
             except ServingError as exc:
-                if exc.kind in TRANSIENT or (exc.kind == ErrorKind.WORKER_DIED and retry_crash and crashes == 0):
-                    crashes += exc.kind == ErrorKind.WORKER_DIED
-                    await self._ready()
-                    continue
-                raise
-            try:
-                # A chunked input's vector is its chunks' mean, as /v1/embeddings answers it.
-                outputs = [np.array(row) for row in (result.rows() if result.chunks is None
-                                                     else chunk_means(result, self.model.spec.normalize))]
-            finally:
-                result.release()
-            return outputs, result.input_costs, set(result.cut)
-        raise ServingError(ErrorKind.NOT_READY, f"model '{self.model.spec.name}' stayed unavailable")
+                retry_crashed = exc.kind == ErrorKind.WORKER_DIED and retry_crash and not crashed
+                if exc.kind not in TRANSIENT and not retry_crashed:
+                    raise
+                crashed |= retry_crashed
+                if loop.time() > deadline:
+                    raise ModelUnavailable(f"the model stayed unavailable for {READY_TIMEOUT_S:g} s: {exc.message}; "
+                                           "run the same command again to resume") from None
+                await self._ready()
+
+
+class LocalEncoder(Encoder):
+    """One model of `config` (`specs`: its replicas) served by children of this process."""
+
+    def __init__(self, config: Config, specs: list[ModelSpec]) -> None:
+        super().__init__(config.media)
+        self._client = EngineClient(config.server, specs, media=config.media)
+        self.model: ServedModel = self._client.models[specs[0].name]
+
+    @property
+    def kind(self) -> KindSpec:
+        return KINDS[self.model.spec.kind]
+
+    async def identity(self) -> dict[str, Any]:
+        spec = self.model.spec
+        return {"name": spec.name, "kind": spec.kind, "digest": await asyncio.to_thread(folder_digest, spec.path),
+                "max_length": spec.max_length, "long_inputs": spec.long_inputs, "pooling": spec.pooling,
+                "normalize": spec.normalize}
+
+    @property
+    def serving(self) -> Serving:
+        info = self.model.info
+        assert info is not None, "start() first"
+        return Serving(info.engine, info.dtype, info.dim)
+
+    async def start(self) -> None:
+        await self._client.start()
+
+    async def stop(self) -> None:
+        await super().stop()
+        await self._client.stop()
+
+    async def _once(self, inputs: list[str | bytes], medium: str) -> Batch:
+        model_inputs = ModelInputs(texts=inputs) if medium == "text" else ModelInputs(media=inputs)  # type: ignore[arg-type]
+        result = await self._client.run(self.model, model_inputs)
+        try:
+            # A chunked input's vector is its chunks' mean, as /v1/embeddings answers it.
+            outputs = [np.array(row) for row in (result.rows() if result.chunks is None
+                                                 else chunk_means(result, self.model.spec.normalize))]
+        finally:
+            result.release()
+        if self.kind.sparse and self.model.spec.max_active_dims is not None:
+            outputs = [largest(entries, self.model.spec.max_active_dims) for entries in outputs]
+        return Batch(outputs, result.input_costs, set(result.cut))
 
     async def _ready(self) -> None:
-        """Wait until every replica of the model serves again."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + _READY_TIMEOUT_S
         await asyncio.sleep(0.05)
-        while not (self.model.ready and self._client.ready):
-            if loop.time() > deadline:
-                raise ServingError(ErrorKind.NOT_READY, f"model '{self.model.spec.name}' did not come back "
-                                                        f"within {_READY_TIMEOUT_S:g} s")
+        for _ in range(10):
+            if self.model.ready and self._client.ready:
+                return
             await asyncio.sleep(0.1)

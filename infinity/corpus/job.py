@@ -1,5 +1,5 @@
-"""One run of the corpus job: plan the input, check the output folder, start the model's
-children, then embed this shard's unfinished units: a unit read ahead while others
+"""One run of the corpus job: plan the input, check the output folder, start the model
+(on children of this process, or a running server's: `infinity.corpus.encoder`), then embed this shard's unfinished units: a unit read ahead while others
 embed, at most `UNITS_IN_FLIGHT` units and `batches_in_flight` batches at once (memory
 stays bounded whatever the input's size; the reader waits for the writers), each unit's
 part written as soon as its rows are done. A progress bar on a terminal, and a summary
@@ -8,12 +8,10 @@ at the end."""
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -21,14 +19,12 @@ import numpy as np
 import pyarrow as pa
 from tqdm import tqdm
 
-from infinity.config import Config
 from infinity.corpus.encoder import Encoded, Encoder
 from infinity.corpus.parts import (ERRORS, JobIdentity, Output, dense_column, errors_schema, errors_table,
                                    id_columns, id_fields, matrix_column, sparse_column)
 from infinity.corpus.plan import InputFile, Shard, Unit, fingerprint, input_files, plan
 from infinity.corpus.sources import Columns, Rows, check_columns, read_unit
-from infinity.shared.kinds import KINDS, KindSpec
-from infinity.shared.protocol import ModelInfo, ModelSpec
+from infinity.shared.kinds import KindSpec
 from infinity.shared.vectors import QUANTIZERS, shorten
 
 # What `--embedding-type` may ask: the server's types, float16, and sparse for sparse models.
@@ -76,34 +72,35 @@ class Summary:
                 f"{self.parts} parts written to {self.output} ({state})")
 
 
-def run(options: JobOptions, config: Config, specs: list[ModelSpec]) -> Summary:
-    """Run the job to the end of this shard's units."""
+def run(options: JobOptions, encoder: Callable[[], Encoder]) -> Summary:
+    """Run the job to the end of this shard's units on the model `encoder` makes."""
     import uvloop
 
-    return uvloop.run(_run(options, config, specs))
+    return uvloop.run(_run(options, encoder))
 
 
-async def _run(options: JobOptions, config: Config, specs: list[ModelSpec]) -> Summary:
-    kind = KINDS[specs[0].kind]
-    embedding_type = output_type(kind, options.columns.medium, options.embedding_type, options.dimensions)
-    files = input_files(options.input)
-    with_ids = [check_columns(file, options.columns) for file in files]
-    units = plan(files, options.rows_per_part)
-    output = Output(options.output)
-    identity = JobIdentity(_model_identity(specs[0]), _options_identity(options, embedding_type),
-                           [file.name for file in files], fingerprint(files), units)
-    output.check(identity)  # before the model loads: a wrong OUTPUT is refused at once
-    encoder = Encoder(config, specs)
-    await encoder.start()
+async def _run(options: JobOptions, make_encoder: Callable[[], Encoder]) -> Summary:
+    encoder = make_encoder()
     try:
-        info = encoder.info
-        identity = msgspec.structs.replace(identity, model={**identity.model, "engine": info.engine,
-                                                            "dtype": info.dtype, "dim": info.dim})
+        files = input_files(options.input)
+        with_ids = [check_columns(file, options.columns) for file in files]
+        units = plan(files, options.rows_per_part)
+        model = await encoder.identity()
+        kind = encoder.kind
+        embedding_type = output_type(kind, options.columns.medium, options.embedding_type, options.dimensions)
+        output = Output(options.output)
+        identity = JobIdentity(model, _options_identity(options, embedding_type),
+                               [file.name for file in files], fingerprint(files), units)
+        output.check(identity)  # before the model loads: a wrong OUTPUT is refused at once
+        await encoder.start()
+        serving = encoder.serving
+        identity = msgspec.structs.replace(identity, model={**identity.model, "engine": serving.engine,
+                                                            "dtype": serving.dtype, "dim": serving.dim})
         fields = id_fields(all(with_ids), _id_type(files, options.columns, all(with_ids)), options.columns.id)
         output.open(identity, sum(unit.rows for unit in units), errors_schema(fields))
         todo = [u for u in units if options.shard.holds(u) and u.index not in output.done()]
         output.clear_leftovers(todo)
-        writer = _PartWriter(files, fields, kind, info, embedding_type, options.dimensions)
+        writer = _PartWriter(files, fields, kind, serving.dim, embedding_type, options.dimensions)
         return await _embed_units(options, encoder, output, files, all(with_ids), todo, writer)
     finally:
         await encoder.stop()
@@ -127,30 +124,11 @@ def output_type(kind: KindSpec, medium: str, wanted: str | None, dimensions: int
     return wanted
 
 
-def _model_identity(spec: ModelSpec) -> dict[str, Any]:
-    return {"name": spec.name, "kind": spec.kind, "digest": folder_digest(spec.path),
-            "max_length": spec.max_length, "long_inputs": spec.long_inputs, "pooling": spec.pooling,
-            "normalize": spec.normalize}
-
-
 def _options_identity(options: JobOptions, embedding_type: str) -> dict[str, Any]:
     """The options that change what a row's output is (not where or how fast it is made)."""
     return {"input_column": options.columns.input, "medium": options.columns.medium, "id_column": options.columns.id,
             "embedding_type": embedding_type, "dimensions": options.dimensions,
             "rows_per_part": options.rows_per_part}
-
-
-def folder_digest(path: str) -> str:
-    """sha256 over a model folder's files (names and contents; hidden ones left out)."""
-    digest = hashlib.sha256()
-    root = Path(path)
-    for file in sorted(p for p in root.rglob("*") if p.is_file()
-                       and not any(part.startswith(".") for part in p.relative_to(root).parts)):
-        digest.update(f"{file.relative_to(root)}\0".encode())
-        with open(file, "rb") as f:
-            while chunk := f.read(1 << 22):
-                digest.update(chunk)
-    return digest.hexdigest()
 
 
 def _id_type(files: list[InputFile], columns: Columns, with_ids: bool) -> pa.DataType | None:
@@ -167,13 +145,13 @@ def _id_type(files: list[InputFile], columns: Columns, with_ids: bool) -> pa.Dat
 class _PartWriter:
     """Turns one unit's rows and outputs into its part and its errors."""
 
-    def __init__(self, files: list[InputFile], fields: list[pa.Field], kind: KindSpec, info: ModelInfo,
+    def __init__(self, files: list[InputFile], fields: list[pa.Field], kind: KindSpec, dim: int,
                  embedding_type: str, dimensions: int | None) -> None:
         self._files, self._fields, self._kind = files, fields, kind
         self._type, self._dimensions = embedding_type, dimensions
-        self._empty = np.zeros((0, info.dim), np.float32)  # what a unit of no embedded rows converts
-        if dimensions is not None and not 0 < dimensions <= info.dim:
-            raise JobError(f"--dimensions must be between 1 and {info.dim} for this model")
+        self._empty = np.zeros((0, dim), np.float32)  # what a unit of no embedded rows converts
+        if dimensions is not None and not 0 < dimensions <= dim:
+            raise JobError(f"--dimensions must be between 1 and {dim} for this model")
 
     def tables(self, unit: Unit, rows: Rows, encoded: Encoded) -> tuple[pa.Table, pa.Table]:
         file = self._files[unit.file]

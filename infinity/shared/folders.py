@@ -2,10 +2,12 @@
 downloaded, converted engines), the label count of a classification config, the special
 tokens its tokenizer names, the patches of a two-tower model's images, and whether an
 engine can serve a model (the front end's `engine = "auto"` and its check of a chosen
-engine, and the engine itself at load, ask the same `engine_refusal`)."""
+engine, and the engine itself at load, ask the same `engine_refusal`); a folder's content
+hash (the corpus job's manifest, the model list's `digest`)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from collections.abc import Mapping
@@ -80,3 +82,16 @@ def engine_refusal(engine: str, outputs: Mapping[str, RawOutput], config: dict,
         return ("the ctranslate2 engine computes attended tokens only; this model reads the states of tokens it does "
                 "not attend to (query expansion)")
     return None
+
+
+def folder_digest(path: str) -> str:
+    """sha256 over a model folder's files (names and contents; hidden ones left out)."""
+    digest = hashlib.sha256()
+    root = Path(path)
+    for file in sorted(p for p in root.rglob("*") if p.is_file()
+                       and not any(part.startswith(".") for part in p.relative_to(root).parts)):
+        digest.update(f"{file.relative_to(root)}\0".encode())
+        with open(file, "rb") as f:
+            while chunk := f.read(1 << 22):
+                digest.update(chunk)
+    return digest.hexdigest()

@@ -275,7 +275,7 @@ def test_the_whole_job_on_the_fake_engine(tmp_path: Path, monkeypatch: pytest.Mo
     config = Config(server=ServerConfig(tokenizer_workers=1), models=[ModelConfig(name="m", engine="torch")])
     specs = resolve_replicas(config.models[0])
     options = job.JobOptions(str(source), str(tmp_path / "out"), rows_per_part=5, batch_size=3, quiet=True)
-    summary = job.run(options, config, specs)
+    summary = job.run(options, lambda: encoder.LocalEncoder(config, specs))
     assert summary.complete
     assert (summary.rows, summary.errors) == (23 + 15, 3)
 
@@ -304,7 +304,7 @@ def test_the_whole_job_on_the_fake_engine(tmp_path: Path, monkeypatch: pytest.Mo
 
     # Run again: nothing to do, nothing rewritten.
     before = _snapshot(out)
-    again = job.run(options, config, specs)
+    again = job.run(options, lambda: encoder.LocalEncoder(config, specs))
     assert again.complete and again.parts == 0
     after = _snapshot(out)
     assert {k: v for k, v in after.items() if k != MANIFEST} == {k: v for k, v in before.items() if k != MANIFEST}

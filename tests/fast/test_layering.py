@@ -68,9 +68,10 @@ def test_the_folder_readers_know_neither_http_nor_the_engine_client(path):
     assert {name for name in _our_imports(path) if name.startswith(("infinity.api", "infinity.client"))} == set()
 
 
-# What the corpus job may use of the API: nothing that serves HTTP.
+# What the corpus job may use of the API: nothing that serves HTTP (`binary`: the codec of
+# the raw answers a job sent to a server reads).
 _CORPUS_API = ("infinity.api.media_fetch", "infinity.api.types", "infinity.api.errors", "infinity.api.decode",
-               "infinity.api.embedding", "infinity.api.long_inputs")
+               "infinity.api.embedding", "infinity.api.long_inputs", "infinity.api.binary")
 
 
 @pytest.mark.parametrize("path", _modules("infinity/corpus"), ids=_name)

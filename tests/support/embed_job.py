@@ -28,7 +28,9 @@ class EmbedRun:
 
 
 def embed_command(*args: str) -> list[str]:
-    return [sys.executable, "-m", "infinity", "embed", *args, "--quiet", "--tokenizer-workers", "1"]
+    """The job's command; one tokenizer process where it loads the model itself (not with --url)."""
+    local = [] if "--url" in args else ["--tokenizer-workers", "1"]
+    return [sys.executable, "-m", "infinity", "embed", *args, "--quiet", *local]
 
 
 def start_embed(*args: str) -> subprocess.Popen[str]:

@@ -4,6 +4,8 @@ infinity's fields and our replicas and queues)."""
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
 
 from aiohttp import web
@@ -13,6 +15,40 @@ from infinity.api.errors import APIError
 from infinity.api.routes.common import ENGINE_CLIENT, Route
 from infinity.api.types.status import Health, ModelCard, ModelList, ModelStats, ReplicaCard
 from infinity.client.topology import ServedModel
+from infinity.shared.folders import folder_digest
+
+log = logging.getLogger(__name__)
+
+
+class FolderDigests:
+    """Each model folder's content hash (`folder_digest`), computed in a thread the first
+    time the model list is asked for, so that a server never asked reads no folder twice
+    and the list never waits on a large one: None until it is done."""
+
+    def __init__(self) -> None:
+        self._digests: dict[str, str | None] = {}
+        self._running: set[asyncio.Task[str]] = set()
+
+    def get(self, path: str) -> str | None:
+        if path not in self._digests:
+            self._digests[path] = None
+            task = asyncio.get_running_loop().create_task(asyncio.to_thread(folder_digest, path))
+            self._running.add(task)
+            task.add_done_callback(lambda done: self._done(path, done))
+        return self._digests[path]
+
+    def _done(self, path: str, task: asyncio.Task[str]) -> None:
+        self._running.discard(task)
+        if task.cancelled():
+            del self._digests[path]  # asked again, it starts again
+        elif task.exception() is not None:
+            log.warning("cannot hash the model folder %s: %s", path, task.exception())
+            del self._digests[path]
+        else:
+            self._digests[path] = task.result()
+
+
+DIGESTS = web.AppKey("folder_digests", FolderDigests)
 
 
 async def health(request: web.Request, _: None) -> Health:
@@ -30,10 +66,12 @@ async def live(request: web.Request, _: None) -> Health:
 
 
 async def models(request: web.Request, _: None) -> ModelList:
-    return ModelList(data=[_model_card(model) for model in request.app[ENGINE_CLIENT].models.values()])
+    digests = request.app[DIGESTS]
+    return ModelList(data=[_model_card(model, digests.get(model.spec.path))
+                           for model in request.app[ENGINE_CLIENT].models.values()])
 
 
-def _model_card(model: ServedModel) -> ModelCard:
+def _model_card(model: ServedModel, digest: str | None) -> ModelCard:
     info, spec = model.info, model.spec
     queued = model.pool.capacity - model.pool.free
     return ModelCard(
@@ -50,6 +88,10 @@ def _model_card(model: ServedModel) -> ModelCard:
         ready=model.ready,
         dimensions=info.dim if info else None,
         max_length=spec.max_length,
+        long_inputs=spec.long_inputs,
+        pooling=spec.pooling,
+        normalize=spec.normalize,
+        digest=digest,
         prompts=spec.prompts,
         default_prompt_name=spec.default_prompt_name,
         devices=[replica.device for replica in model.replicas],

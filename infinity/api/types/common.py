@@ -78,16 +78,22 @@ class ImagePart(Struct, tag="image_url", tag_field="type"):
 
 class Usage(Struct):
     """Tokens the model processed (after truncation), and how many inputs were cut to its
-    maximum length."""
+    maximum length; where the request asked (`input_usage`), each input's tokens and the
+    indices of those cut."""
 
     prompt_tokens: int
     total_tokens: int
     truncated_inputs: int
+    input_tokens: list[int] | UnsetType = UNSET
+    truncated_indices: list[int] | UnsetType = UNSET
 
     @classmethod
-    def of(cls, result: Result) -> Usage:
-        """What a request whose outputs are `result` is billed."""
-        return cls(result.prompt_tokens, result.prompt_tokens, result.truncated)
+    def of(cls, result: Result, per_input: bool = False) -> Usage:
+        """What a request whose outputs are `result` is billed, input by input if `per_input`."""
+        if not per_input:
+            return cls(result.prompt_tokens, result.prompt_tokens, result.truncated)
+        return cls(result.prompt_tokens, result.prompt_tokens, result.truncated, list(result.input_costs),
+                   sorted(result.cut))
 
 
 class ApiVersion(Struct):

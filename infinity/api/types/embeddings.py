@@ -82,6 +82,9 @@ class EmbeddingRequest(PromptedRequest):
                                   "in embedding")] | None = None
     long_inputs: LongInputs | None = None
     chunk_overlap: ChunkOverlap | None = None
+    input_usage: Annotated[bool, Meta(
+        description="Also answer each input's tokens (usage.input_tokens) and the indices of the inputs cut to the "
+                    "model's length (usage.truncated_indices)")] = False
     late_chunking: Annotated[bool, Meta(
         description="Each text read whole (where longer than the model, in windows sharing chunk_overlap tokens; none: "
                     "a quarter of a window), then one vector per span of it (spans or split), the mean of the token "

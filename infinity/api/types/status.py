@@ -40,6 +40,12 @@ class ModelCard(Struct, kw_only=True):
     ready: bool
     dimensions: int | None
     max_length: int
+    long_inputs: str  # how inputs longer than max_length are taken: truncate, chunk or error
+    pooling: str  # an embedder's mean, cls or lasttoken; a sparse model's max or sum
+    normalize: bool  # whether its vectors are scaled to length 1
+    # sha256 over the model folder's files (names and contents), computed in the background
+    # the first time the list is asked for: null until then.
+    digest: str | None
     prompts: dict[str, str]  # put before each text, by name (a request's prompt_name)
     default_prompt_name: str | None  # the prompt of requests that ask for none
     devices: list[str]

@@ -1,7 +1,8 @@
 """End to end: `python -m infinity embed INPUT OUTPUT` as a subprocess. Parquet and JSONL in,
 Parquet parts out with the vectors the server answers for the same texts; killed with
 SIGKILL and run again, every row once and no finished part rewritten, no process, temporary
-file or /dev/shm folder left; a changed option refused; two shards into one OUTPUT giving
+file or /dev/shm folder left; a changed option refused; sent to a running server with
+--url at priority 1, the same parts; two shards into one OUTPUT giving
 the rows of one run; an image-text model over an image column (bytes and paths, one that
 does not decode); a sparse and a multi-vector model's column types."""
 
@@ -120,6 +121,40 @@ def test_parquet_and_jsonl_in_vectors_as_the_server_gives_them(server, corpus, f
     # Each within 1e-5 of sentence-transformers in float32 (tests/e2e/embed), so within 2e-5 of each other.
     tolerance = 2e-5 if card["dtype"] == "float32" else 2e-2
     np.testing.assert_allclose(np.stack([vectors[i] for i in order]), served, atol=tolerance)
+
+
+def test_sent_to_the_running_server_at_priority_1(server, corpus, full_run, tmp_path: Path) -> None:
+    """`--url`: the rows go through the running server's /v1/embeddings at priority 1, and
+    the parts hold what the local run's do (tokens and truncation exactly; vectors within
+    the engines' tolerance), the same model digest in the manifest."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    folder, texts = corpus
+    local_out, _ = full_run
+
+    def sent_at(priority: str) -> float:
+        return sum(sample.value for family in text_string_to_metric_families(server.get("/metrics").text)
+                   for sample in family.samples
+                   if sample.name == "infinity_requests_total" and sample.labels.get("route") == "/v1/embeddings"
+                   and sample.labels.get("priority") == priority)
+
+    before = sent_at("1")
+    out = tmp_path / "out"
+    run = _embedded(str(folder), str(out), "--rows-per-part", str(ROWS_PER_PART), "--url", server.url(),
+                    "--model", MODEL_NAME)
+    assert run.children == set()  # no model loaded here
+    assert sent_at("1") - before >= (len(texts) - 2) / 32
+    local, served = (_parts(local_out).sort_by("id"), _parts(out).sort_by("id"))
+    for column in ("id", "tokens", "truncated"):
+        assert served.column(column).equals(local.column(column)), column
+    assert pq.read_table(out / "errors.parquet").equals(pq.read_table(local_out / "errors.parquet"))
+    card = next(card for card in server.get("/v1/models").json()["data"] if card["id"] == MODEL_NAME)
+    tolerance = 2e-5 if card["dtype"] == "float32" else 2e-2
+    np.testing.assert_allclose(np.array(served.column("embedding").to_pylist(), np.float32),
+                               np.array(local.column("embedding").to_pylist(), np.float32), atol=tolerance)
+    manifests = [json.loads((o / "manifest.json").read_text())["job"]["model"] for o in (local_out, out)]
+    assert manifests[1]["digest"] == manifests[0]["digest"]
+    assert (manifests[1]["engine"], manifests[1]["dtype"]) == (card["backend"], card["dtype"])
 
 
 @pytest.mark.parametrize("flags,said", [
