@@ -123,6 +123,27 @@ def test_a_job_sent_to_a_server_writes_what_a_local_run_writes(tmp_path: Path,
     assert manifests[1]["job"]["model"]["digest"] == folder_digest(resolve_replicas(config.models[0])[0].path)
 
 
+def test_a_sparse_models_parts_through_a_server_are_a_local_runs(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """A sparse model's entries come back as JSON and are written as a local run writes
+    them, both capped at the model's max_active_dims as /v1/embeddings caps them."""
+    from tests.fast.test_sparse import sparse_folder
+
+    source = _corpus(tmp_path / "in")
+    model = ModelConfig(name="s", source=str(sparse_folder(tmp_path, max_active_dims=5)), engine="torch")
+    monkeypatch.setattr(encoder, "EngineClient", functools.partial(EngineClient, launch=ThreadLauncher()))
+    config = Config(server=ServerConfig(tokenizer_workers=1), models=[model])
+    options = job.JobOptions(str(source), str(tmp_path / "local"), rows_per_part=50, batch_size=4, quiet=True)
+    assert job.run(options, lambda: _local(config)).complete
+    with server_in_a_thread(model) as url:
+        served = msgspec.structs.replace(options, output=str(tmp_path / "remote"))
+        assert job.run(served, lambda: remote.ServerEncoder(url, "s", None)).complete
+    local, remote_table = _table(tmp_path / "local"), _table(tmp_path / "remote")
+    assert local.equals(remote_table)
+    lengths = [len(entries) for entries in local.column("embedding").to_pylist()]
+    assert max(lengths) == 5 and min(lengths) >= 1
+
+
 def test_a_row_the_server_refuses_fails_alone_at_the_priority_asked(tmp_path: Path) -> None:
     source = _corpus(tmp_path / "in")
     options = job.JobOptions(str(source), str(tmp_path / "out"), rows_per_part=50, batch_size=8, quiet=True)
