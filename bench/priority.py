@@ -18,8 +18,14 @@ sentences/s at least 0.9 of its own alone.
 `--server-cwd` runs the server from another checkout with this venv's Python, so the
 code before a change can be measured in the same run (`git worktree add /tmp/before <ref>`).
 
+With `--bulk-job`, the bulk is the corpus job sent to the server instead
+(`python -m infinity embed ROWS.parquet OUT --url ... --priority P`, its default priority 1
+in phase 4): its rows/s is read from the server's metrics (inputs queued at its priority)
+over the query's window.
+
 Usage (from the repository root):
     .venv/bin/python -m bench.priority --json bench/out/priority.json
+    .venv/bin/python -m bench.priority --bulk-job bench/out/corpus/corpus-100000.parquet
 """
 
 from __future__ import annotations
@@ -28,10 +34,14 @@ import argparse
 import asyncio
 import json
 import multiprocessing
+import subprocess
+import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+import requests
 
 from bench.cpu import wait_idle
 from bench.large_inputs import REPO, print_report, start_server
@@ -87,10 +97,53 @@ def phase(url: str, duration: float, query: bool, bulk_priority: int | None, cli
         bulk.start()
     if query:
         # Its window lies inside the bulk's: the bulk's warm-up covers its start.
-        report["query"] = _summary(_run(url, sentences(20_000, 0), 1, 1, 0, duration, think), 1, duration)
+        report["query"] = _query(url, duration, think)
     if bulk is not None:
         report["bulk"] = results.get(timeout=duration + 300)
         bulk.join(60)
+    return report
+
+
+def _query(url: str, duration: float, think: float) -> dict[str, float]:
+    return _summary(_run(url, sentences(20_000, 0), 1, 1, 0, duration, think), 1, duration)
+
+
+def _inputs_at(url: str, priority: int) -> float:
+    """Inputs the server has queued at `priority` so far (its queue-wait histogram's count)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = requests.get(f"{url}/metrics", timeout=10).text
+    return sum(sample.value for family in text_string_to_metric_families(text) for sample in family.samples
+               if sample.name == "infinity_queue_duration_seconds_count" and sample.labels["priority"] == str(priority))
+
+
+def job_phase(url: str, duration: float, query: bool, rows: Path, priority: int | None,
+              think: float = 0.0) -> dict[str, object]:
+    """One phase of `--bulk-job`: the query client, the corpus job sent to the server at
+    `priority` (None: no job), or both; the job's rows/s over the query's window."""
+    report: dict[str, object] = {}
+    job = None
+    with tempfile.TemporaryDirectory() as out:
+        if priority is not None:
+            job = subprocess.Popen([sys.executable, "-m", "infinity", "embed", str(rows), f"{out}/vectors", "--url", url,
+                                    "--priority", str(priority), "--quiet"], cwd=REPO, stdout=subprocess.DEVNULL,
+                                   stderr=subprocess.DEVNULL)
+            time.sleep(WARMUP_S + 5)  # its start: reading the first unit, the model's card
+        try:
+            before, started = (_inputs_at(url, priority), time.monotonic()) if job else (0.0, 0.0)
+            if query:
+                report["query"] = _query(url, duration, think)
+            else:
+                time.sleep(duration)
+            if job is not None:
+                seconds = time.monotonic() - started
+                report["bulk"] = {"sentences/s": round((_inputs_at(url, priority) - before) / seconds, 1)}
+                if job.poll() is not None:
+                    raise RuntimeError(f"the corpus job ended early (exit {job.returncode}): give more rows")
+        finally:
+            if job is not None:
+                job.terminate()
+                job.wait(60)
     return report
 
 
@@ -105,6 +158,8 @@ def main() -> None:
     parser.add_argument("--config", type=Path,
                         help="a models.toml serving all-MiniLM-L6-v2 otherwise (another engine or dtype)")
     parser.add_argument("--port", type=int, default=7322)
+    parser.add_argument("--bulk-job", type=Path, help="a Parquet file of texts: the bulk is `embed --url` over it "
+                                                      "(enough rows to outlast a phase)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     log = Path(f"/tmp/priority-server-{args.port}.log")
@@ -112,13 +167,18 @@ def main() -> None:
     url = f"http://127.0.0.1:{args.port}"
     report: dict[str, object] = {"server": str(args.server_cwd), "config": str(args.config), "duration s": args.duration,
                                  "bulk": f"{args.bulk_clients}x{args.bulk_batch}", "query think s": args.query_think}
-    phases = {"query alone": (True, None), "bulk alone": (False, 0), "both, bulk at priority 0": (True, 0),
-              "both, bulk at priority 1": (True, 1)}
+    if args.bulk_job is not None:
+        report["bulk"] = f"embed {args.bulk_job.name} --url"
+    # The bulk alone at the priority it has beside the query in the last phase.
+    phases = {"query alone": (True, None), "bulk alone": (False, 1 if args.bulk_job else 0),
+              "both, bulk at priority 0": (True, 0), "both, bulk at priority 1": (True, 1)}
     try:
         for name, (query, bulk_priority) in phases.items():
             wait_idle(10.0)
-            report[name] = phase(url, args.duration, query, bulk_priority, args.bulk_clients, args.bulk_batch,
-                                 args.query_think)
+            report[name] = (job_phase(url, args.duration, query, args.bulk_job, bulk_priority, args.query_think)
+                            if args.bulk_job else
+                            phase(url, args.duration, query, bulk_priority, args.bulk_clients, args.bulk_batch,
+                                  args.query_think))
             print(name, json.dumps(report[name]), flush=True)
     finally:
         server.terminate()

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import base64
-from collections.abc import Callable
+import contextlib
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import aiohttp
@@ -25,11 +26,15 @@ from infinity.api.binary import CONTENT_TYPE, read_embeddings
 from infinity.api.errors import APIError, error_body
 from infinity.client.engine_client import ServingError
 from infinity.config import MediaConfig
-from infinity.corpus.encoder import Batch, Encoder, ModelUnavailable, Serving
+from infinity.corpus.encoder import TRANSIENT, Batch, Encoder, ModelUnavailable, Serving
 from infinity.shared.kinds import KINDS, KindSpec
 from infinity.shared.protocol import ErrorKind
 
 DEFAULT_PRIORITY = 1  # below a query's default 0
+# An answer this much slower than the fastest means the job's batches queue in the server:
+# one waiting there past the scheduler's AGING_S (5 s) rises to the queries' class and
+# beyond, and they wait behind it (bench/results/priority.md).
+TARGET_WAIT_S = 2.0
 READY_WAIT_S = 600.0  # how long the server may take to answer, load and hash the model
 _POLL_S = 0.5  # between looks at a server that is away
 _BUSY_S = 1.0  # after a 429 or 503 (the server's Retry-After)
@@ -142,6 +147,46 @@ def _named(server: ServerClient, cards: list[dict[str, Any]], wanted: str | None
     return card
 
 
+class InFlight:
+    """How many batches a job keeps in the server at once, as TCP Vegas's window: one
+    more per window of answers that come back within `TARGET_WAIT_S` of the fastest (the
+    pass alone, as near as the job sees it), half as many after one that waited longer or
+    was refused as busy. Alone the server is kept fed (a deeper queue answers slower but
+    no faster); beside queries the job backs off before its requests age past them."""
+
+    def __init__(self, first: float = 2.0, most: int = 16) -> None:
+        self.size = first
+        self._most = most
+        self._running = 0
+        self._fastest = float("inf")
+        self._changed = asyncio.Condition()
+
+    @contextlib.asynccontextmanager
+    async def slot(self) -> AsyncIterator[None]:
+        """Hold one batch's place while it is in the server."""
+        async with self._changed:
+            await self._changed.wait_for(lambda: self._running < int(self.size))
+            self._running += 1
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        congested: bool | None = None  # None: the answer says nothing of the load (a bad input)
+        try:
+            yield
+            seconds = loop.time() - started
+            self._fastest = min(self._fastest, seconds)
+            congested = seconds - self._fastest > TARGET_WAIT_S
+        except ServingError as exc:
+            congested = True if exc.kind in TRANSIENT else None
+            raise
+        finally:
+            async with self._changed:
+                self._running -= 1
+                if congested is not None:
+                    self.size = (max(1.0, self.size / 2) if congested
+                                 else min(float(self._most), self.size + 1 / self.size))
+                self._changed.notify_all()
+
+
 class ServerEncoder(Encoder):
     """The model `model` (None: the server's only one) of the server at `url`, sent
     batches at `priority`."""
@@ -153,6 +198,7 @@ class ServerEncoder(Encoder):
         self._wanted = model
         self._priority = priority
         self._card: dict[str, Any] | None = None
+        self._in_flight = InFlight()
 
     @property
     def kind(self) -> KindSpec:
@@ -187,11 +233,12 @@ class ServerEncoder(Encoder):
         rows_of_one_width = not kind.ragged or bool(kind.vector_types)
         if rows_of_one_width:
             body["encoding_format"] = "bytes"
-        status, content_type, answer = await self._server.request(
-            "POST", "/v1/embeddings", msgspec.json.encode(body), CONTENT_TYPE if rows_of_one_width else
-            "application/json")
-        if status != 200:
-            raise_for(status, answer)
+        async with self._in_flight.slot():
+            status, content_type, answer = await self._server.request(
+                "POST", "/v1/embeddings", msgspec.json.encode(body), CONTENT_TYPE if rows_of_one_width else
+                "application/json")
+            if status != 200:
+                raise_for(status, answer)
         if content_type == CONTENT_TYPE:
             vectors, header = read_embeddings(answer)
             outputs, usage = list(vectors), header["usage"]

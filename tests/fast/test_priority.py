@@ -74,6 +74,20 @@ def test_aging_lifts_a_waiting_request_by_one_class_per_period():
     assert [_requests(scheduler.next_batch()) for _ in range(2)] == [[4], [5]]
 
 
+def test_aging_lifts_a_request_to_the_most_urgent_priority_waiting_and_no_further():
+    """Bulk requests that have all waited long take turns with a query that has just
+    arrived: the query is in the next batches, not behind every aged bulk input (a deep
+    bulk queue); with nothing more urgent waiting, they are served to the end."""
+    scheduler, clock = _scheduler(max_size=4)
+    for request_id in (1, 2, 3):
+        _submit(scheduler, request_id, [50] * 8, priority=1)
+    clock.now = 3 * AGING_S + 0.1  # each could have risen three classes, to -2
+    _submit(scheduler, 4, [5], priority=0)
+    batches = [scheduler.next_batch() for _ in range(7)]
+    assert [4] in [_requests(batch) for batch in batches[:2]]  # before: behind all 24 bulk inputs
+    assert sum(len(batch.items) for batch in batches) == 3 * 8 + 1
+
+
 def test_a_short_request_joins_the_next_batch_instead_of_waiting_for_a_batch_train():
     scheduler, _ = _scheduler(max_size=4)
     _submit(scheduler, 1, [10] * 32)  # eight batches' worth
@@ -278,7 +292,8 @@ def _reference_cut(queue, now: float) -> list:
     """The batch `queue` cuts next, found the plain way: every waiting input looked at for
     the anchor and for the riders (what `scheduler._cut` finds from the requests)."""
     entries = queue.by_cost
-    urgency = {entry[2].request: entry[2].request.urgency(now) for entry in entries}
+    ceiling = min(entry[2].request.priority for entry in entries)
+    urgency = {entry[2].request: entry[2].request.urgency(now, ceiling) for entry in entries}
     most_urgent = min(urgency.values())
     eligible = [entry[2] for entry in entries if urgency[entry[2].request] == most_urgent]
     first = min(eligible, key=lambda item: (item.tag, item.seq))

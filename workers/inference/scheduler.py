@@ -51,7 +51,9 @@ loads of small requests it stays idle.
 
 Requests carry a priority (lower is served first, as in vLLM). A batch is cut around an
 input of the most urgent class waiting. A request's class rises by one every `AGING_S`
-seconds it waits, so nothing starves. Within a class the order is fair between requests
+seconds it waits, up to the most urgent priority waiting: there it takes turns with those
+requests, so nothing starves, and a deep queue of bulk requests that have all waited long
+never outranks a query that has just arrived. Within a class the order is fair between requests
 rather than first come, first served over inputs: each input gets a virtual start
 (`Item.tag`) in tokens' worth of work, a request's first input starting at the queue's
 virtual time (the tag of the last batch's anchor) and each next input after the cost of
@@ -97,9 +99,11 @@ class PendingRequest:
     outputs: dict[int, np.ndarray | dict[str, np.ndarray]] = field(default_factory=dict)
     vector_types: tuple[str, ...] = ()  # the outputs it asks of a hybrid model (`KindSpec.vector_types`)
 
-    def urgency(self, now: float) -> int:
-        """Its class now: its priority, raised by one per `AGING_S` waited."""
-        return self.priority - int((now - self.arrived) / AGING_S)
+    def urgency(self, now: float, ceiling: int) -> int:
+        """Its class now: its priority, raised by one per `AGING_S` waited, up to `ceiling`
+        (the most urgent priority waiting): there it takes turns with those requests in the
+        fair order, so it never starves, nor overtakes a request more urgent than itself."""
+        return max(self.priority - int((now - self.arrived) / AGING_S), ceiling)
 
 
 @dataclass(eq=False, slots=True)
@@ -238,7 +242,7 @@ OVERTAKE_FACTOR = 4.0
 LONG_PASS_OVERHEADS = 8
 
 # A request's class rises by one per this many seconds waited: a bulk request at priority 1
-# is served beside queries after this long at most, however many queries arrive. Longer
+# takes turns with queries after this long at most, however many queries arrive. Longer
 # than a bulk batch's ordinary wait, so that aging does not undo priority under load.
 AGING_S = 5.0
 
@@ -471,10 +475,12 @@ class Scheduler:
         if self._wide:
             return None
         now = self._clock()
+        ceiling = min((request.priority for queue in self._queues.values() for request in queue.waiting_requests),
+                      default=0)
         best, best_key = None, None
         for name, queue in self._queues.items():
             if queue.by_cost and len(queue.passes) < queue.lanes:
-                key = min((request.urgency(now), request.seq) for request in queue.waiting_requests)
+                key = min((request.urgency(now, ceiling), request.seq) for request in queue.waiting_requests)
                 if best_key is None or key < best_key:
                     best, best_key = name, key
         return best
@@ -523,7 +529,8 @@ def _cut(queue: _Queue, now: float) -> list[Item]:
     (`_rides_with`). What depends on the requests is found from them, so a cut costs
     O(requests) besides the batch's own neighbourhood (and, where a few riders are
     picked out of many waiting inputs, sorting those riders)."""
-    urgency = {request: request.urgency(now) for request in queue.waiting_requests}
+    ceiling = min(request.priority for request in queue.waiting_requests)
+    urgency = {request: request.urgency(now, ceiling) for request in queue.waiting_requests}
     most_urgent = min(urgency.values())
     anchor_item = _anchor(queue, [request for request, value in urgency.items() if value == most_urgent], now)
     riders = [request for request in urgency if _rides_with(request, anchor_item.request)]
