@@ -27,13 +27,14 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from infinity.api.binary import CONTENT_TYPE, encode_rows, read_embeddings
-from infinity.client.engine_client import EngineClient
+from infinity.client.engine_client import EngineClient, ServingError
 from infinity.config import ApiKey, Config, ModelConfig, ServerConfig
 from infinity.corpus import encoder, job, remote
 from infinity.corpus.batch_file import run_on_server
 from infinity.corpus.parts import ERRORS, MANIFEST
 from infinity.folders.resolve import resolve_replicas
 from infinity.shared.folders import folder_digest
+from infinity.shared.protocol import ErrorKind
 from tests.fast.inprocess import ThreadLauncher, serving
 
 pytestmark = pytest.mark.timeout(120)
@@ -312,6 +313,49 @@ def test_the_servers_only_model_is_taken_unless_another_is_named() -> None:
                     with pytest.raises(remote.ServerRefused, match=said):
                         await sent.identity()
                 await sent.stop()
+
+    asyncio.run(test())
+
+
+def test_the_window_grows_while_answers_are_quick_and_halves_when_one_waits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`InFlight`: more batches while answers come within TARGET_WAIT_S of the fastest,
+    half as many after one that waited or was refused as busy; a bad input changes nothing;
+    never more batches at once than its size."""
+    monkeypatch.setattr(remote, "TARGET_WAIT_S", 0.05)
+
+    async def answered(window: remote.InFlight, seconds: float, error: ServingError | None = None) -> None:
+        with contextlib.suppress(ServingError):
+            async with window.slot():
+                await asyncio.sleep(seconds)
+                if error is not None:
+                    raise error
+
+    async def test() -> None:
+        window = remote.InFlight(first=2.0, most=4)
+        for _ in range(12):
+            await answered(window, 0.0)
+        assert window.size == 4.0  # grown to its cap
+        await answered(window, 0.1)  # waited 0.1 s beyond the fastest answer
+        assert window.size == 2.0
+        await answered(window, 0.0, ServingError(ErrorKind.INVALID_INPUT, "a bad row"))
+        assert window.size == 2.0
+        await answered(window, 0.0, ServingError(ErrorKind.OVERLOADED, "429"))
+        assert window.size == 1.0
+
+        window = remote.InFlight(first=3.0)
+        running, most = 0, 0
+
+        async def one() -> None:
+            nonlocal running, most
+            async with window.slot():
+                running += 1
+                assert running <= int(window.size)
+                most = max(most, running)
+                await asyncio.sleep(0.01)
+                running -= 1
+
+        await asyncio.gather(*(one() for _ in range(10)))
+        assert most >= 3
 
     asyncio.run(test())
 
