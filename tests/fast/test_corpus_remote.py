@@ -32,6 +32,7 @@ from infinity.config import ApiKey, Config, ModelConfig, ServerConfig
 from infinity.corpus import encoder, job, remote
 from infinity.corpus.batch_file import run_on_server
 from infinity.corpus.parts import ERRORS, MANIFEST
+from infinity.corpus.sources import Columns
 from infinity.folders.resolve import resolve_replicas
 from infinity.shared.folders import folder_digest
 from infinity.shared.protocol import ErrorKind
@@ -143,6 +144,48 @@ def test_a_sparse_models_parts_through_a_server_are_a_local_runs(tmp_path: Path,
     assert local.equals(remote_table)
     lengths = [len(entries) for entries in local.column("embedding").to_pylist()]
     assert max(lengths) == 5 and min(lengths) >= 1
+
+
+def _png(shade: int) -> bytes:
+    import io
+
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.new("RGB", (32, 24), (shade, 255 - shade, 90)).save(buffer, "PNG")
+    return buffer.getvalue()
+
+
+@pytest.mark.parametrize("kind", ["image_text", "multivector"])
+def test_an_image_column_and_a_multivector_model_through_a_server_are_a_local_runs(
+        kind: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Images travel as data: URIs (one that does not decode fails alone, as locally); a
+    multi-vector model's matrices come back as JSON with their shapes."""
+    from tests.support.tiny_models import save_tiny_clip, save_tiny_pylate_colbert
+
+    source = tmp_path / "in"
+    source.mkdir()
+    if kind == "image_text":
+        folder, column = save_tiny_clip(tmp_path / "clip"), "image"
+        values: list[object] = [_png(shade) for shade in range(0, 250, 25)] + [b"not an image"]
+        columns = Columns(column, "image", "id")
+    else:
+        folder, column = save_tiny_pylate_colbert(tmp_path / "colbert"), "text"
+        values = [f"text number {i}" for i in range(11)]
+        columns = Columns(column, "text", "id")
+    pq.write_table(pa.table({"id": [f"r{i:02d}" for i in range(len(values))], column: values}), source / "a.parquet")
+    model = ModelConfig(name="k", source=str(folder), engine="torch")
+    monkeypatch.setattr(encoder, "EngineClient", functools.partial(EngineClient, launch=ThreadLauncher()))
+    config = Config(server=ServerConfig(tokenizer_workers=1), models=[model])
+    options = job.JobOptions(str(source), str(tmp_path / "local"), columns, rows_per_part=50, batch_size=4,
+                             quiet=True)
+    assert job.run(options, lambda: _local(config)).complete
+    with server_in_a_thread(model) as url:
+        served = msgspec.structs.replace(options, output=str(tmp_path / "remote"))
+        summary = job.run(served, lambda: remote.ServerEncoder(url, "k", None))
+    assert summary.complete and summary.errors == (1 if kind == "image_text" else 0)
+    assert _table(tmp_path / "local").equals(_table(tmp_path / "remote"))
+    assert pq.read_table(tmp_path / "local" / ERRORS).equals(pq.read_table(tmp_path / "remote" / ERRORS))
 
 
 def test_a_row_the_server_refuses_fails_alone_at_the_priority_asked(tmp_path: Path) -> None:
