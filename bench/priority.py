@@ -125,9 +125,9 @@ def job_phase(url: str, duration: float, query: bool, rows: Path, priority: int 
     job = None
     with tempfile.TemporaryDirectory() as out:
         if priority is not None:
-            job = subprocess.Popen([sys.executable, "-m", "infinity", "embed", str(rows), f"{out}/vectors", "--url", url,
-                                    "--priority", str(priority), "--quiet"], cwd=REPO, stdout=subprocess.DEVNULL,
-                                   stderr=subprocess.DEVNULL)
+            command = [sys.executable, "-m", "infinity", "embed", str(rows), f"{out}/vectors", "--url", url,
+                       "--priority", str(priority), "--quiet"]
+            job = subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             time.sleep(WARMUP_S + 5)  # its start: reading the first unit, the model's card
         try:
             before, started = (_inputs_at(url, priority), time.monotonic()) if job else (0.0, 0.0)

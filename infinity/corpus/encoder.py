@@ -29,7 +29,7 @@ from infinity.shared.vectors import largest
 
 # Kinds that say nothing of the inputs: wait for the model and try again.
 TRANSIENT = {ErrorKind.OVERLOADED, ErrorKind.MODEL_NOT_READY, ErrorKind.NOT_READY}
-READY_TIMEOUT_S = 600.0  # how long a model may stay away before the caller stops
+READY_TIMEOUT_S = 600.0  # how long a model (or its server) may stay away before the caller stops
 
 
 class ModelUnavailable(Exception):
@@ -101,8 +101,9 @@ class Encoder(ABC):
     def serving(self) -> Serving:
         """The engine, precision and width the model is served with (after `start`)."""
 
+    @abstractmethod
     async def start(self) -> None:
-        """Wait until the model serves."""
+        """Return once the model serves."""
 
     async def stop(self) -> None:
         await self._fetcher.close()

@@ -1,9 +1,9 @@
 """One run of the corpus job: plan the input, check the output folder, start the model
-(on children of this process, or a running server's: `infinity.corpus.encoder`), then embed this shard's unfinished units: a unit read ahead while others
-embed, at most `UNITS_IN_FLIGHT` units and `batches_in_flight` batches at once (memory
-stays bounded whatever the input's size; the reader waits for the writers), each unit's
-part written as soon as its rows are done. A progress bar on a terminal, and a summary
-at the end."""
+(on children of this process, or a running server's: `infinity.corpus.encoder`), then
+embed this shard's unfinished units: a unit read ahead while others embed, at most
+`UNITS_IN_FLIGHT` units and `batches_in_flight` batches at once (memory stays bounded
+whatever the input's size; the reader waits for the writers), each unit's part written as
+soon as its rows are done. A progress bar on a terminal, and a summary at the end."""
 
 from __future__ import annotations
 

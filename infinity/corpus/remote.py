@@ -26,7 +26,7 @@ from infinity.api.binary import CONTENT_TYPE, read_embeddings
 from infinity.api.errors import APIError, error_body
 from infinity.client.engine_client import ServingError
 from infinity.config import MediaConfig
-from infinity.corpus.encoder import TRANSIENT, Batch, Encoder, ModelUnavailable, Serving
+from infinity.corpus.encoder import READY_TIMEOUT_S, TRANSIENT, Batch, Encoder, ModelUnavailable, Serving
 from infinity.shared.kinds import KINDS, KindSpec
 from infinity.shared.protocol import ErrorKind
 
@@ -35,7 +35,6 @@ DEFAULT_PRIORITY = 1  # below a query's default 0
 # one waiting there past the scheduler's AGING_S (5 s) rises to the queries' class and
 # beyond, and they wait behind it (bench/results/priority.md).
 TARGET_WAIT_S = 2.0
-READY_WAIT_S = 600.0  # how long the server may take to answer, load and hash the model
 _POLL_S = 0.5  # between looks at a server that is away
 _BUSY_S = 1.0  # after a 429 or 503 (the server's Retry-After)
 
@@ -112,7 +111,7 @@ async def model_card(server: ServerClient, wanted: str | None, done: Callable[[d
     """The card (`/v1/models`) of the model `wanted` (None: the server's only one) once
     `done(card)`, waiting while the server is away or busy (`what` it has not yet done)."""
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + READY_WAIT_S
+    deadline = loop.time() + READY_TIMEOUT_S
     while True:
         try:
             cards = (await server.get_json("/v1/models"))["data"]
@@ -123,7 +122,7 @@ async def model_card(server: ServerClient, wanted: str | None, done: Callable[[d
         except ServingError as exc:
             reason = exc.message
         if loop.time() > deadline:
-            raise ModelUnavailable(f"{reason} after {READY_WAIT_S:g} s")
+            raise ModelUnavailable(f"{reason} after {READY_TIMEOUT_S:g} s")
         await asyncio.sleep(_POLL_S)
 
 
@@ -295,14 +294,14 @@ class ServerAnswerer:
             members.setdefault("model", msgspec.Raw(msgspec.json.encode(self._model)))
             sent = msgspec.json.encode(members)
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + READY_WAIT_S
+        deadline = loop.time() + READY_TIMEOUT_S
         crashed = False
         while True:
             try:
                 status, content_type, answer = await self._server.request("POST", "/v1/embeddings", sent)
             except ServingError as exc:  # the server cannot be reached
                 if loop.time() > deadline:
-                    raise ModelUnavailable(f"{exc.message} for {READY_WAIT_S:g} s") from None
+                    raise ModelUnavailable(f"{exc.message} for {READY_TIMEOUT_S:g} s") from None
                 await asyncio.sleep(_POLL_S)
                 continue
             if status in (401, 403):

@@ -308,7 +308,7 @@ def test_a_server_that_stays_busy_stops_the_job_not_its_rows(monkeypatch: pytest
 
 
 def test_a_server_that_cannot_be_reached_is_waited_for_then_stops_the_job(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(remote, "READY_WAIT_S", 0.3)
+    monkeypatch.setattr(remote, "READY_TIMEOUT_S", 0.3)
     monkeypatch.setattr(remote, "_POLL_S", 0.05)
 
     async def test() -> None:
