@@ -47,7 +47,8 @@ class ServerClient:
     """HTTP to one server: its base URL and API key, one connection pool."""
 
     def __init__(self, url: str, api_key: str | None) -> None:
-        self.url = url.rstrip("/")
+        # An OpenAI client's base URL ends in /v1; the routes are found below the server's own.
+        self.url = url.rstrip("/").removesuffix("/v1")
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._session: aiohttp.ClientSession | None = None
 

@@ -112,8 +112,9 @@ def test_a_job_sent_to_a_server_writes_what_a_local_run_writes(tmp_path: Path,
         sent = _metric(url, "infinity_requests_total", route="/v1/embeddings", priority="1", status="200")
         assert sent >= 15 / 4  # batches of 4, and no request at another priority
         assert _metric(url, "infinity_requests_total", route="/v1/embeddings") == sent
-        # The same job: resumed against the local run's folder, nothing left to do.
-        again = job.run(options, lambda: remote.ServerEncoder(url, "m", None))
+        # The same job: resumed against the local run's folder, nothing left to do (the URL
+        # as an OpenAI client's base URL, ending in /v1).
+        again = job.run(options, lambda: remote.ServerEncoder(f"{url}/v1/", "m", None))
         assert again.complete and again.parts == 0
 
     local, served = _table(local_out), _table(remote_out)
