@@ -222,6 +222,10 @@ async def _embed_units(options: JobOptions, encoder: Encoder, output: Output, fi
             group.create_task(reader())
             for _ in range(UNITS_IN_FLIGHT):
                 group.create_task(embedder())
+    except ExceptionGroup as failed:
+        # The run stops for its first failure (the model away, the server refusing the job),
+        # raised as itself so that the caller tells the user why.
+        raise failed.exceptions[0] from None
     finally:
         progress.close()
     if not todo:

@@ -240,8 +240,9 @@ class _StubServer:
     """A server that answers `/v1/models` with one model's card and `/v1/embeddings` with
     `refusals` (statuses, in turn) before it answers each text's length as its vector."""
 
-    def __init__(self, refusals: list[int]) -> None:
+    def __init__(self, refusals: list[int], answers: int | None = None) -> None:
         self.refusals = refusals
+        self.answers = answers  # how many batches it answers before it answers only 503 (None: all)
         self.bodies: list[dict] = []
 
     def app(self) -> web.Application:
@@ -259,18 +260,22 @@ class _StubServer:
     async def _embeddings(self, request: web.Request) -> web.Response:
         body = await request.json()
         self.bodies.append(body)
+        if self.answers is not None and self.answers <= 0:
+            return web.json_response({"error": {"message": "stopping", "code": "shutting_down"}}, status=503)
         if self.refusals:
             status = self.refusals.pop(0)
             return web.json_response({"error": {"message": f"refused with {status}", "code": None}}, status=status)
         rows = np.array([[len(text), 1.0] for text in body["input"]], np.float32)
         usage = {"input_tokens": [len(text) for text in body["input"]], "truncated_indices": []}
+        if self.answers is not None:
+            self.answers -= 1
         return web.Response(body=encode_rows(rows, "float32", "little", {"model": "stub", "usage": usage}),
                             content_type=CONTENT_TYPE)
 
 
 @contextlib.asynccontextmanager
-async def _stub(refusals: list[int]):
-    stub = _StubServer(refusals)
+async def _stub(refusals: list[int], answers: int | None = None):
+    stub = _StubServer(refusals, answers)
     async with TestServer(stub.app()) as server:
         yield stub, str(server.make_url("")).rstrip("/")
 
@@ -306,6 +311,51 @@ def test_a_server_that_stays_busy_stops_the_job_not_its_rows(monkeypatch: pytest
             await sent.stop()
 
     asyncio.run(test())
+
+
+def test_a_job_whose_server_goes_away_stops_and_resumes_every_row_once(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch,
+                                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """The server stops answering mid-job: the job stops (exit 1, its finished parts kept,
+    no row failed for it); run again against a server that answers, it ends with every
+    row once and no finished part rewritten."""
+    from infinity.cli import main
+    from tests.fast.test_corpus_output import _snapshot
+
+    monkeypatch.setattr(remote, "_BUSY_S", 0.01)
+    monkeypatch.setattr(encoder, "READY_TIMEOUT_S", 0.3)
+    source = tmp_path / "in"
+    source.mkdir()
+    ids = [f"r{i:02d}" for i in range(40)]
+    pq.write_table(pa.table({"id": ids, "text": [f"text {i}" for i in range(40)]}), source / "a.parquet")
+    out = tmp_path / "out"
+    args = ["embed", str(source), str(out), "--rows-per-part", "8", "--batch-size", "4", "--quiet"]
+
+    def run(answers: int | None) -> int:
+        async def serve() -> None:
+            async with _stub([], answers) as (_, url):
+                await asyncio.to_thread(_main, [*args, "--url", url])
+
+        codes: list[int] = []
+
+        def _main(argv: list[str]) -> None:
+            with pytest.raises(SystemExit) as caught:
+                main(argv)
+            codes.append(caught.value.code)
+
+        asyncio.run(serve())
+        return codes[0]
+
+    assert run(answers=5) == 1
+    assert "run the same command again to resume" in capsys.readouterr().err
+    done = _snapshot(out)
+    assert 0 < len([name for name in done if name.startswith("part-")]) < 5
+    assert not (out / ERRORS).exists()
+    assert run(answers=None) == 0
+    after = _snapshot(out)
+    assert all(after[name] == value for name, value in done.items() if name.startswith("part-"))
+    assert sorted(_table(out).column("id").to_pylist()) == ids
+    assert pq.read_table(out / ERRORS).num_rows == 0
 
 
 def test_a_server_that_cannot_be_reached_is_waited_for_then_stops_the_job(monkeypatch: pytest.MonkeyPatch) -> None:
