@@ -248,6 +248,7 @@ async def _stop_engine_client(app: web.Application) -> None:
     app[START_TASK].cancel()
     await app[ENGINE_CLIENT].stop()
     await app[FETCHER].close()
+    await app[DIGESTS].close()
 
 
 async def _read(request: web.Request, request_type: type[Struct], media: bool = False) -> Any:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import threading
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -84,8 +85,13 @@ def engine_refusal(engine: str, outputs: Mapping[str, RawOutput], config: dict,
     return None
 
 
-def folder_digest(path: str) -> str:
-    """sha256 over a model folder's files (names and contents; hidden ones left out)."""
+class Stopped(Exception):
+    """A long read of a folder was asked to stop."""
+
+
+def folder_digest(path: str, stop: threading.Event | None = None) -> str:
+    """sha256 over a model folder's files (names and contents; hidden ones left out);
+    `Stopped` once `stop` is set (a server stopping does not wait for a large folder)."""
     digest = hashlib.sha256()
     root = Path(path)
     for file in sorted(p for p in root.rglob("*") if p.is_file()
@@ -93,5 +99,7 @@ def folder_digest(path: str) -> str:
         digest.update(f"{file.relative_to(root)}\0".encode())
         with open(file, "rb") as f:
             while chunk := f.read(1 << 22):
+                if stop is not None and stop.is_set():
+                    raise Stopped(path)
                 digest.update(chunk)
     return digest.hexdigest()

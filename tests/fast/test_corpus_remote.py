@@ -518,3 +518,22 @@ def test_the_model_list_gives_the_folders_digest_once_hashed() -> None:
             assert card["digest"] == folder_digest(spec.path)
 
     asyncio.run(test())
+
+
+def test_a_stopping_server_does_not_wait_for_a_folder_being_hashed(tmp_path: Path) -> None:
+    from infinity.api.routes.status import FolderDigests
+
+    folder = tmp_path / "large"
+    folder.mkdir()
+    with open(folder / "weights.bin", "wb") as f:
+        f.truncate(1 << 30)  # a GiB (sparse): seconds to hash
+
+    async def test() -> None:
+        digests = FolderDigests()
+        assert digests.get(str(folder)) is None  # started
+        started = time.monotonic()
+        await digests.close()
+        assert time.monotonic() - started < 0.5
+        assert digests.get(str(folder)) is None  # stopped, and not started again
+
+    asyncio.run(test())

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 
 from aiohttp import web
@@ -15,7 +16,7 @@ from infinity.api.errors import APIError
 from infinity.api.routes.common import ENGINE_CLIENT, Route
 from infinity.api.types.status import Health, ModelCard, ModelList, ModelStats, ReplicaCard
 from infinity.client.topology import ServedModel
-from infinity.shared.folders import folder_digest
+from infinity.shared.folders import Stopped, folder_digest
 
 log = logging.getLogger(__name__)
 
@@ -28,22 +29,28 @@ class FolderDigests:
     def __init__(self) -> None:
         self._digests: dict[str, str | None] = {}
         self._running: set[asyncio.Task[str]] = set()
+        self._stop = threading.Event()
 
     def get(self, path: str) -> str | None:
-        if path not in self._digests:
+        if path not in self._digests and not self._stop.is_set():
             self._digests[path] = None
-            task = asyncio.get_running_loop().create_task(asyncio.to_thread(folder_digest, path))
+            task = asyncio.get_running_loop().create_task(asyncio.to_thread(folder_digest, path, self._stop))
             self._running.add(task)
             task.add_done_callback(lambda done: self._done(path, done))
-        return self._digests[path]
+        return self._digests.get(path)
+
+    async def close(self) -> None:
+        """Stop the hashing under way (a server stopping waits for no large folder)."""
+        self._stop.set()
+        await asyncio.gather(*self._running, return_exceptions=True)
 
     def _done(self, path: str, task: asyncio.Task[str]) -> None:
         self._running.discard(task)
-        if task.cancelled():
-            del self._digests[path]  # asked again, it starts again
+        if task.cancelled() or isinstance(task.exception(), Stopped):
+            del self._digests[path]
         elif task.exception() is not None:
             log.warning("cannot hash the model folder %s: %s", path, task.exception())
-            del self._digests[path]
+            del self._digests[path]  # asked again, it starts again
         else:
             self._digests[path] = task.result()
 
