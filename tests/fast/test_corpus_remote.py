@@ -221,6 +221,24 @@ def test_the_servers_key_is_sent_and_a_wrong_one_stops_the_job(tmp_path: Path,
     assert _table(tmp_path / "out").num_rows == 15
 
 
+def test_the_server_and_priority_may_come_from_the_embed_table(tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    from infinity.cli import main
+
+    source = _corpus(tmp_path / "in")
+    config = tmp_path / "models.toml"
+    with server_in_a_thread() as url:
+        config.write_text(f'[embed]\nurl = "{url}"\npriority = 4\nbatch_size = 8\n')
+        with pytest.raises(SystemExit) as caught:
+            main(["embed", str(source), str(tmp_path / "out"), "--config", str(config), "--quiet"])
+        assert caught.value.code == 0, capsys.readouterr().err
+        assert _metric(url, "infinity_requests_total", route="/v1/embeddings", priority="4", status="200") >= 2
+    config.write_text("[embed]\npriority = 4\n")
+    with pytest.raises(SystemExit) as caught:
+        main(["embed", str(source), str(tmp_path / "again"), "--config", str(config)])
+    assert caught.value.code == 2 and "embed.priority" in capsys.readouterr().err
+
+
 def test_local_flags_and_server_flags_are_refused_where_they_do_not_apply(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from infinity.cli import main
