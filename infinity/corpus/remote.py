@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -154,9 +155,10 @@ class InFlight:
     was refused as busy. Alone the server is kept fed (a deeper queue answers slower but
     no faster); beside queries the job backs off before its requests age past them."""
 
-    def __init__(self, first: float = 2.0, most: int = 16) -> None:
+    def __init__(self, first: float = 2.0, most: int = 16, clock: Callable[[], float] = time.monotonic) -> None:
         self.size = first
         self._most = most
+        self._clock = clock
         self._running = 0
         self._fastest = float("inf")
         self._changed = asyncio.Condition()
@@ -167,12 +169,11 @@ class InFlight:
         async with self._changed:
             await self._changed.wait_for(lambda: self._running < int(self.size))
             self._running += 1
-        loop = asyncio.get_running_loop()
-        started = loop.time()
+        started = self._clock()
         congested: bool | None = None  # None: the answer says nothing of the load (a bad input)
         try:
             yield
-            seconds = loop.time() - started
+            seconds = self._clock() - started
             self._fastest = min(self._fastest, seconds)
             congested = seconds - self._fastest > TARGET_WAIT_S
         except ServingError as exc:
