@@ -184,7 +184,7 @@ def _embed(args: argparse.Namespace) -> int:
             for flag in ("priority", "api_key"):
                 if getattr(args, flag) is not None:
                     raise ConfigError(f"--{flag.replace('_', '-')} applies to a job sent to a server: give --url")
-            summary = _embed_here(args, options)
+            summary = _embed_here(args, options, overrides)
         else:
             if args.tokenizer_workers is not None:
                 raise ConfigError("--tokenizer-workers applies to a model loaded here, not to a job sent to --url")
@@ -199,15 +199,15 @@ def _embed(args: argparse.Namespace) -> int:
     return 0
 
 
-def _embed_here(args: argparse.Namespace, options: JobOptions) -> Summary | BatchSummary:
-    """The job on the model loaded here, on children of this process."""
+def _embed_here(args: argparse.Namespace, options: JobOptions, overrides: dict[str, object]) -> Summary | BatchSummary:
+    """The job on the model loaded here (`--model` within the config, with the server
+    settings `overrides`), on children of this process."""
     from infinity.corpus import batch_file, job
     from infinity.corpus.encoder import LocalEncoder
     from infinity.folders.resolve import resolve_replicas
     from infinity.shared import shm
     from infinity.shared.devices import cpu_computes_bfloat16
 
-    overrides = {"log_level": args.log_level, "tokenizer_workers": args.tokenizer_workers}
     config, model = load_one_model(args.config, args.model, overrides)
     cpu_bfloat16 = config.server.auto_bfloat16 and cpu_computes_bfloat16()
     specs = resolve_replicas(model, cpu_bfloat16)

@@ -30,6 +30,9 @@ from infinity.shared.vectors import largest
 # Kinds that say nothing of the inputs: wait for the model and try again.
 TRANSIENT = {ErrorKind.OVERLOADED, ErrorKind.MODEL_NOT_READY, ErrorKind.NOT_READY}
 READY_TIMEOUT_S = 600.0  # how long a model (or its server) may stay away before the caller stops
+# A model's settings that change its vectors, in the corpus job's manifest beside its name,
+# kind and content hash: `ModelSpec`'s fields and a server's model card's keys alike.
+VECTOR_SETTINGS = ("max_length", "long_inputs", "pooling", "normalize")
 
 
 class ModelUnavailable(Exception):
@@ -214,8 +217,7 @@ class LocalEncoder(Encoder):
     async def identity(self) -> dict[str, Any]:
         spec = self.model.spec
         return {"name": spec.name, "kind": spec.kind, "digest": await asyncio.to_thread(folder_digest, spec.path),
-                "max_length": spec.max_length, "long_inputs": spec.long_inputs, "pooling": spec.pooling,
-                "normalize": spec.normalize}
+                **{setting: getattr(spec, setting) for setting in VECTOR_SETTINGS}}
 
     @property
     def serving(self) -> Serving:

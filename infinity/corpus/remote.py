@@ -27,7 +27,8 @@ from infinity.api.binary import CONTENT_TYPE, read_embeddings
 from infinity.api.errors import APIError, error_body
 from infinity.client.engine_client import ServingError
 from infinity.config import MediaConfig
-from infinity.corpus.encoder import READY_TIMEOUT_S, TRANSIENT, Batch, Encoder, ModelUnavailable, Serving
+from infinity.corpus.encoder import (READY_TIMEOUT_S, TRANSIENT, VECTOR_SETTINGS, Batch, Encoder, ModelUnavailable,
+                                    Serving)
 from infinity.shared.kinds import KINDS, KindSpec
 from infinity.shared.protocol import ErrorKind
 
@@ -130,8 +131,7 @@ async def model_card(server: ServerClient, wanted: str | None, done: Callable[[d
 
 # What a card of a server of this version holds that the job reads (`digest` came with
 # `input_usage`): another server, or an older one, is refused before any row is sent.
-_CARD_KEYS = {"id", "kind", "capabilities", "ready", "backend", "dtype", "dimensions", "max_length", "long_inputs",
-              "pooling", "normalize", "digest"}
+_CARD_KEYS = {"id", "kind", "capabilities", "ready", "backend", "dtype", "dimensions", "digest", *VECTOR_SETTINGS}
 
 
 def _named(server: ServerClient, cards: list[dict[str, Any]], wanted: str | None) -> dict[str, Any]:
@@ -210,8 +210,8 @@ class ServerEncoder(Encoder):
         card = await model_card(self._server, self._wanted, lambda card: card["digest"] is not None,
                                 "hashed its model folder")
         self._card = card
-        return {key: card[key] for key in ("kind", "digest", "max_length", "long_inputs", "pooling", "normalize")} | {
-            "name": card["id"]}
+        return {"name": card["id"], "kind": card["kind"], "digest": card["digest"],
+                **{setting: card[setting] for setting in VECTOR_SETTINGS}}
 
     @property
     def serving(self) -> Serving:

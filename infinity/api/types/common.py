@@ -90,10 +90,8 @@ class Usage(Struct):
     @classmethod
     def of(cls, result: Result, per_input: bool = False) -> Usage:
         """What a request whose outputs are `result` is billed, input by input if `per_input`."""
-        if not per_input:
-            return cls(result.prompt_tokens, result.prompt_tokens, result.truncated)
-        return cls(result.prompt_tokens, result.prompt_tokens, result.truncated, list(result.input_costs),
-                   sorted(result.cut))
+        each = (list(result.input_costs), sorted(result.cut)) if per_input else (UNSET, UNSET)
+        return cls(result.prompt_tokens, result.prompt_tokens, result.truncated, *each)
 
 
 class ApiVersion(Struct):
