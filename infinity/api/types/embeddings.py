@@ -10,9 +10,8 @@ from msgspec import UNSET, Meta, Struct, UnsetType
 from infinity.api.binary import Endianness, WireDtype
 from infinity.api.errors import APIError
 from infinity.api.inputs import output_types
-from infinity.api.types.common import (INPUT_TYPE, ApiVersion, BilledUnits, ChunkOverlap, CohereMeta, ImagePart,
-                                       ImageUrl, InputTokens, InputType, LongInputs, PromptedRequest, TextOrTokens,
-                                       TextPart, Usage)
+from infinity.api.types.common import (INPUT_TYPE, ChunkOverlap, CohereMeta, ImagePart, ImageUrl, InputType,
+                                       LongInputs, PromptedRequest, TextOrTokens, TextPart, Usage)
 from infinity.shared.kinds import KINDS
 from infinity.shared.vectors import EmbeddingType
 
