@@ -22,7 +22,7 @@ from infinity.shared.vectors import EmbeddingType  # what an embedding is answer
 DEFAULT_MODEL_SOURCE = "default"
 DEFAULT_MODEL_NAME = "all-MiniLM-L6-v2"
 
-Pooling = Literal["mean", "cls", "lasttoken"]
+Pooling = Literal["mean", "cls", "lasttoken", "max", "mean_sqrt_len_tokens", "weightedmean"]
 LongInputs = Literal["truncate", "chunk", "error"]
 ModelKind = Literal[("auto", *KINDS)]  # type: ignore[valid-type]
 EngineChoice = Literal[(*ENGINE_OUTPUTS, "auto")]  # type: ignore[valid-type]

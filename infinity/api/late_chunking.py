@@ -47,7 +47,7 @@ from infinity.api.errors import APIError
 from infinity.api.types.embeddings import CohereEmbedRequest, EmbeddingRequest
 from infinity.client.engine_client import EngineClient, ModelInputs
 from infinity.client.topology import ServedModel
-from infinity.shared.protocol import TOKEN_STATES, ModelSpec, TextTokens
+from infinity.shared.protocol import PLAIN_MEANS, TOKEN_STATES, ModelSpec, TextTokens
 
 # Where one sentence ends and the next begins: whitespace after ".", "!" or "?", or a newline.
 SENTENCE_BREAK = re.compile(r"(?<=[.!?])\s+|\s*\n\s*")
@@ -93,9 +93,10 @@ def refuse_unless_late_chunkable(model: ServedModel, body: EmbeddingRequest) -> 
             raise APIError(422, "spans and split apply with late_chunking true", param="late_chunking")
         return
     spec = model.spec
-    if spec.kind != "embed" or spec.pooling != "mean":
+    if spec.kind != "embed" or spec.modules not in PLAIN_MEANS:
         raise APIError(422, f"late chunking pools token states by their mean: model '{spec.name}' (kind '{spec.kind}'"
-                            f", pooling '{spec.pooling}') is not an embedder that mean-pools", param="late_chunking")
+                            f", modules {', '.join(step.label for step in spec.modules) or 'none'}) is not an embedder "
+                            "whose vector is the mean alone", param="late_chunking")
     if (body.spans is None) == (body.split is None):
         raise APIError(422, "late chunking takes spans (character ranges per input) or split, one of them",
                        param="spans")

@@ -6,7 +6,10 @@ reader is a module with two functions:
   None for a folder of another family;
 - `settings(model: ModelConfig, folder: ModelFolder, kind: str) -> dict`: the fields of
   the model's `ModelSpec` its folder sets, after refusing (`ConfigError`) what the
-  folder asks that is not served.
+  folder asks that is not served;
+
+and a tuple `MODULES`: the sentence-transformers modules (`infinity.folders.modules`) a
+folder of its kinds may declare; a folder declaring another is refused at start.
 
 Folders are tried against every reader in the table's order; a folder no reader claims
 is a plain encoder, which embeds (`FALLBACK_KIND`).
@@ -20,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
+from infinity.folders.modules import DeclaredModule
 from infinity.shared.kinds import KINDS
 
 FALLBACK_KIND = "embed"
@@ -30,10 +34,25 @@ class ModelFolder:
     """What every reader is given of a model's folder."""
 
     root: Path  # the folder given (a sentence-transformers folder holds its modules' sub-folders)
-    modules: dict[str, str]  # sentence-transformers module type (last dotted part) -> its sub-folder
+    # Its sentence-transformers modules in modules.json's order (`infinity.folders.modules`).
+    declared: tuple[DeclaredModule, ...]
     transformer: Path  # the transformers model's folder: config.json, weights, tokenizer
     config: dict  # its config.json
     max_length: int  # tokens of one input at most, as configured or as the folder says
+
+    @property
+    def modules(self) -> dict[str, str]:
+        """Module class -> its sub-folder, the first of each class (an MLMTransformer as a
+        Transformer)."""
+        modules: dict[str, str] = {}
+        for module in self.declared:
+            name = "Transformer" if module.name == "MLMTransformer" else module.name
+            modules.setdefault(name, str(module.path.relative_to(self.root)))
+        return modules
+
+    def count(self, name: str) -> int:
+        """How many modules of class `name` it declares."""
+        return sum(module.name == name for module in self.declared)
 
     def settings(self) -> dict:
         """The model-wide sentence-transformers settings: its transformer's

@@ -11,6 +11,10 @@ from infinity.folders import ModelFolder
 from infinity.shared.folders import COLBERT_LINEAR, SPARSE_LINEAR
 
 
+# The sentence-transformers modules its folder may declare (infinity/folders/__init__.py).
+MODULES = ("Transformer", "Pooling", "Normalize")
+
+
 def detect(folder: ModelFolder) -> str | None:
     linears = (folder.transformer / SPARSE_LINEAR, folder.transformer / COLBERT_LINEAR)
     return "hybrid" if all(path.is_file() for path in linears) else None

@@ -41,11 +41,17 @@ class MultiVectorFolder:
     normalize: bool
 
 
+# The sentence-transformers modules its folder may declare (infinity/folders/__init__.py).
+MODULES = ("Transformer", "Dense", "MultiVectorMask", "Normalize")
+
+
 def detect(folder: ModelFolder) -> str | None:
     return "multivector" if is_multivector(folder.root, folder.modules, folder.config) else None
 
 
 def settings(model: ModelConfig, folder: ModelFolder, kind: str) -> dict:
+    if folder.count("Dense") > 1:
+        raise ConfigError(f"model '{model.name}': a multi-vector model with more than one Dense module is not served")
     read = read_folder(folder.root, folder.modules, folder.max_length)
     return {"tasks": read.tasks, "prompts": read.prompts, "similarity": read.similarity,
             "projection": read.projection, "normalize": read.normalize}

@@ -14,6 +14,9 @@ from infinity.folders import ModelFolder
 SERVED_ARCHITECTURES = ("ColPaliForRetrieval", "ColQwen2ForRetrieval")
 _ENGINE_FORMATS = ("ColPali", "ColQwen2", "ColQwen2_5", "ColIdefics3")
 
+# The sentence-transformers modules its folder may declare (infinity/folders/__init__.py).
+MODULES = ("Transformer",)
+
 
 def detect(folder: ModelFolder) -> str | None:
     return "image_multivector" if is_page_retrieval(folder.transformer, folder.config) else None

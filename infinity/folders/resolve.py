@@ -21,6 +21,8 @@ import msgspec
 from infinity.config import DEFAULT_MODEL_SOURCE, ConfigError, ModelConfig
 from infinity.shared import devices
 from infinity.folders import ModelFolder, detect_kind, reader
+from infinity.folders.encoder import NO_FLOAT16_FAMILIES
+from infinity.folders.modules import declared_modules
 from infinity.folders.prompts import prompt_settings
 from infinity.shared.folders import cache_dir, engine_refusal
 from infinity.shared.kinds import ENGINE_OUTPUTS, KINDS
@@ -48,22 +50,26 @@ def resolve_model(model: ModelConfig, cpu_bfloat16: bool = False) -> ModelSpec:
     bfloat16 trial try bfloat16 at load (on `_bfloat16_engine`), with float32 on the engine
     `engine` would pick as its alternative."""
     root = _model_folder(model)
-    modules = _sentence_transformers_modules(root)
-    transformer = root / modules.get("Transformer", "")
+    declared = declared_modules(root)
+    transformer = next((module.path for module in declared if module.name in ("Transformer", "MLMTransformer")), root)
     if not (transformer / "config.json").is_file():
         raise ConfigError(f"model '{model.name}': no config.json in {transformer}")
     config = json.loads((transformer / "config.json").read_text())
-    folder = ModelFolder(root, modules, transformer, config, _max_length(transformer, model.max_length))
+    folder = ModelFolder(root, declared, transformer, config, _max_length(transformer, model.max_length))
     kind = detect_kind(folder) if model.kind == "auto" else model.kind
-    read = reader(kind).settings(model, folder, kind)
-    fields = {"pooling": model.pooling or _pooling_from_folder(root, modules) or "mean",
-              "normalize": "Normalize" in modules or not modules,
+    kind_reader = reader(kind)
+    unread = [module.name for module in declared if module.name not in kind_reader.MODULES]
+    if unread:
+        raise ConfigError(f"model '{model.name}': sentence-transformers module {unread[0]} is not served for a model "
+                          f"of kind '{kind}' (its modules: {', '.join(kind_reader.MODULES) or 'none'})")
+    read = kind_reader.settings(model, folder, kind)
+    fields = {"pooling": model.pooling or "mean", "normalize": not declared or folder.count("Normalize") > 0,
               **read, **prompt_settings(model, folder, kind, read.get("prompts"))}
     if model.normalize is not None:
         fields["normalize"] = model.normalize
     tasks = fields.get("tasks", {})
     engine = _engine(model, kind, config, _reads_unattended_states(tasks))
-    dtype, float32_engine = _dtype(model), None
+    dtype, float32_engine = _dtype(model, config), None
     if cpu_bfloat16 and _tries_bfloat16(model, kind):
         float32_engine, engine, dtype = engine, _bfloat16_engine(model, kind, config, tasks), "bfloat16"
     lone_engines = _lone_engines(model, kind, config, float32_engine or (engine if dtype == "float32" else None),
@@ -102,13 +108,15 @@ def long_inputs(model: ModelConfig, kind: str) -> str:
     return taken
 
 
-def _dtype(model: ModelConfig) -> str:
+def _dtype(model: ModelConfig, config: dict) -> str:
     """`dtype = "auto"`: float16 when every device is a CUDA or ROCm GPU (as TEI and
-    infinity serve there), float32 on CPUs and MPS."""
+    infinity serve there; bfloat16 for families that overflow in float16), float32 on CPUs
+    and MPS."""
     if model.dtype != "auto":
         return model.dtype
-    on_gpus = all(devices.split(d)[0] in ("cuda", "rocm") for d in model.devices)
-    return "float16" if on_gpus else "float32"
+    if not all(devices.split(d)[0] in ("cuda", "rocm") for d in model.devices):
+        return "float32"
+    return "bfloat16" if config.get("model_type") in NO_FLOAT16_FAMILIES else "float16"
 
 
 def _tries_bfloat16(model: ModelConfig, kind: str) -> bool:
@@ -257,51 +265,6 @@ def _download(model: ModelConfig) -> Path:
             f"model '{model.name}': {model.source} is not a local folder and could not be "
             f"downloaded from the Hugging Face hub ({type(exc).__name__}: {exc})"
         ) from None
-
-
-# The sentence-transformers modules served, by the last component of their type.
-SERVED_MODULES = ("Transformer", "Pooling", "Normalize", "Dense", "MultiVectorMask", "SpladePooling")
-# Modules of sentence-transformers' SparseEncoder that are not served, and what they are.
-UNSERVED_SPARSE_MODULES = {
-    "SparseStaticEmbedding": "inference-free sparse weights, one per vocabulary token",
-    "SparseAutoEncoder": "a sparse auto-encoder over dense embeddings (CSR)",
-    "CSRSparsity": "a sparse auto-encoder over dense embeddings (CSR)",
-    "Router": "separate query and document modules, as in inference-free SPLADE",
-    "Asym": "separate query and document modules, as in inference-free SPLADE",
-}
-
-
-def _sentence_transformers_modules(folder: Path) -> dict[str, str]:
-    """Module type (last dotted component) -> sub-folder, from modules.json if present."""
-    path = folder / "modules.json"
-    if not path.is_file():
-        return {}
-    modules = {}
-    for entry in json.loads(path.read_text()):
-        kind = entry["type"].rsplit(".", 1)[-1]
-        if kind == "MLMTransformer":  # sentence-transformers 5's name for a SPLADE model's transformer
-            kind = "Transformer"
-        if kind in UNSERVED_SPARSE_MODULES:
-            raise ConfigError(f"{folder}: sentence-transformers module {entry['type']} "
-                              f"({UNSERVED_SPARSE_MODULES[kind]}) is not served; sparse models are served as "
-                              "SPLADE: a masked-language-model Transformer and SpladePooling")
-        if kind not in SERVED_MODULES:
-            raise ConfigError(f"{folder}: sentence-transformers module {entry['type']} is not supported")
-        modules[kind] = entry.get("path", "")
-    return modules
-
-
-def _pooling_from_folder(folder: Path, modules: dict[str, str]) -> str | None:
-    if "Pooling" not in modules:
-        return None
-    config = json.loads((folder / modules["Pooling"] / "config.json").read_text())
-    if config.get("pooling_mode") in ("mean", "cls", "lasttoken"):
-        return config["pooling_mode"]
-    for key, mode in (("pooling_mode_mean_tokens", "mean"), ("pooling_mode_cls_token", "cls"),
-                      ("pooling_mode_lasttoken", "lasttoken")):
-        if config.get(key):
-            return mode
-    raise ConfigError(f"{folder}: pooling {config} is not supported (use mean, cls or lasttoken)")
 
 
 def _max_length(transformer_dir: Path, configured: int | None) -> int:

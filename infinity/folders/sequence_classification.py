@@ -9,6 +9,10 @@ from infinity.folders import ModelFolder
 from infinity.shared.folders import num_labels
 
 
+# The sentence-transformers modules its folder may declare (infinity/folders/__init__.py).
+MODULES = ("Transformer",)
+
+
 def detect(folder: ModelFolder) -> str | None:
     if any(a.endswith("ForSequenceClassification") for a in folder.config.get("architectures") or []):
         return "rerank" if num_labels(folder.config) == 1 else "classify"

@@ -12,6 +12,10 @@ from infinity.config import ConfigError, ModelConfig
 from infinity.folders import ModelFolder
 
 
+# The sentence-transformers modules its folder may declare (infinity/folders/__init__.py).
+MODULES = ("Transformer", "MLMTransformer", "SpladePooling")
+
+
 def detect(folder: ModelFolder) -> str | None:
     return "sparse" if "SpladePooling" in folder.modules else None
 
@@ -23,10 +27,6 @@ def settings(model: ModelConfig, folder: ModelFolder, kind: str) -> dict:
     if not any(a.endswith("ForMaskedLM") for a in architectures):
         raise ConfigError(f"model '{model.name}': a sparse model needs a masked-language-model head (a *ForMaskedLM "
                           f"in config.json's architectures); {folder.transformer} has {architectures or 'none'}")
-    others = sorted(set(folder.modules) - {"Transformer", "SpladePooling"})
-    if others:
-        raise ConfigError(f"model '{model.name}': sentence-transformers modules {', '.join(others)} beside a sparse "
-                          "model's Transformer and SpladePooling are not served")
     if model.pooling is not None or model.normalize:
         raise ConfigError(f"model '{model.name}': pooling and normalize do not apply to a sparse model "
                           "(its SpladePooling module says how it pools; its vectors are not normalised)")

@@ -26,6 +26,9 @@ FULL_LENGTH_TEXT = ("siglip", "siglip2")
 # token of their vocabulary), which no tokenizer check can confirm.
 LEGACY_CLIP_EOS = 2
 
+# The sentence-transformers modules its folder may declare (infinity/folders/__init__.py).
+MODULES = ("Transformer", "Normalize")
+
 
 # Audio-text families, by config.json's model_type.
 AUDIO_TEXT_FAMILIES = ("clap",)

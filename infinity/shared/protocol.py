@@ -53,6 +53,76 @@ class TaskEncoding(msgspec.Struct, frozen=True):
         return bool(self.expand_to) and not self.attend_expansion
 
 
+# What runs after a model's encoder, in its folder's order (sentence-transformers' modules
+# after its Transformer: infinity/folders/modules.py), each step reading and writing one of
+# two features as sentence-transformers names them: the encoder's token states
+# (`TOKEN_FEATURE`, (n, L, d)) and the pooled vector (`SENTENCE_FEATURE`, (n, d)).
+TOKEN_FEATURE = "token_embeddings"
+SENTENCE_FEATURE = "sentence_embedding"
+
+
+class PoolStep(msgspec.Struct, tag="pool", frozen=True, array_like=True):
+    """sentence-transformers' Pooling: token states into one vector per input, by one mode or
+    several concatenated ("cls", "max", "mean", "mean_sqrt_len_tokens", "weightedmean",
+    "lasttoken"), over the tokens the inference process reads (a prompt's left out unless
+    `ModelSpec.pools_prompt`)."""
+
+    modes: tuple[str, ...]
+
+    @property
+    def label(self) -> str:
+        """How /v1/models shows it."""
+        return f"Pooling({'+'.join(self.modes)})"
+
+
+class DenseStep(msgspec.Struct, tag="dense", frozen=True, array_like=True):
+    """sentence-transformers' Dense: a linear layer (weights in `path`), then `activation`
+    (a torch.nn activation's class name), plus the input (through a projection if the widths
+    differ) where `residual`."""
+
+    path: str
+    in_features: int
+    out_features: int
+    bias: bool
+    activation: str
+    residual: bool = False
+    source: str = SENTENCE_FEATURE
+    target: str = SENTENCE_FEATURE
+
+    @property
+    def label(self) -> str:
+        extras = [self.activation] + ["no bias"] * (not self.bias) + ["residual"] * self.residual
+        extras += [f"on {self.source}"] * (self.source != SENTENCE_FEATURE)
+        return f"Dense({self.in_features}->{self.out_features}, {', '.join(extras)})"
+
+
+class LayerNormStep(msgspec.Struct, tag="layer_norm", frozen=True, array_like=True):
+    """sentence-transformers' LayerNorm of the pooled vector (weights in `path`)."""
+
+    path: str
+    dimension: int
+
+    @property
+    def label(self) -> str:
+        return f"LayerNorm({self.dimension})"
+
+
+class NormalizeStep(msgspec.Struct, tag="normalize", frozen=True, array_like=True):
+    """sentence-transformers' Normalize: L2 normalisation of one feature."""
+
+    source: str = SENTENCE_FEATURE
+    target: str = SENTENCE_FEATURE
+
+    @property
+    def label(self) -> str:
+        return "Normalize" if self.source == SENTENCE_FEATURE else f"Normalize(on {self.source})"
+
+
+ChainStep = PoolStep | DenseStep | LayerNormStep | NormalizeStep
+# The chains whose vector is the token states' mean, normalised or not, and nothing more.
+PLAIN_MEANS = ((PoolStep(("mean",)),), (PoolStep(("mean",)), NormalizeStep()))
+
+
 # The prompt names that serve inputs of each role, the first the model has: those
 # sentence-transformers' encode_query and encode_document try, and Cohere's other input types.
 ROLE_PROMPTS = {"query": ("query",), "document": ("document", "passage", "corpus"),
@@ -71,8 +141,10 @@ class ModelSpec(msgspec.Struct, frozen=True):
     # The engine to load if `engine` fails, when `engine` was chosen by "auto".
     fallback_engine: str | None
     dtype: str
-    pooling: str  # an embedder's "mean", "cls" or "lasttoken"; a sparse model's "max" or "sum" over tokens
-    normalize: bool
+    # An embedder's pooling mode(s) joined by "+" (its `modules`' PoolStep, as /v1/models shows
+    # it); a sparse model's "max" or "sum" over tokens; a hybrid model's dense vector's "cls" or "mean".
+    pooling: str
+    normalize: bool  # its vectors come out L2-normalised (an embedder's: its `modules` end so)
     max_length: int
     # An input longer than max_length: "truncate" (cut to it), "chunk" (embedded in windows
     # whose vectors are averaged; workers/preprocess/text.py) or "error" (refused).
@@ -85,6 +157,8 @@ class ModelSpec(msgspec.Struct, frozen=True):
     # A multi-vector model's projection of token states: the folder of its
     # sentence-transformers Dense module (None: the token states as they are).
     projection: str | None = None
+    # What an embedder runs after its encoder, in order (`ChainStep`): at least its pooling.
+    modules: tuple[ChainStep, ...] = ()
     # A multi-vector model's encoding by task, "query" and "document" (empty: one way for all),
     # and how it scores a query against a document: "maxsim" or "meanmaxsim".
     tasks: dict[str, TaskEncoding] = {}

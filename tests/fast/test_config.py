@@ -41,7 +41,7 @@ def test_model_flag_replaces_the_file_models(tmp_path):
     ("[server]\nprot = 1\n", "prot"),
     ("[server]\nport = 'abc'\n", "port"),
     ("[server]\nport = 70000\n", "server.port"),
-    ("[[models]]\npooling = 'max'\n", "pooling"),
+    ("[[models]]\npooling = 'median'\n", "pooling"),
     ("[[models]]\nname = 'x'\nbatch = 3\n", "batch"),
     ("[[models]]\nmax_batch_size = 0\n", "max_batch_size"),
     ("[[models]]\nmax_input_chars = 0\n", "max_input_chars"),

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from workers.heads.pooled import mean_rows, pool
+from workers.heads.chain import pool
+from workers.heads.pooled import mean_rows
 
 
 def _states() -> tuple[torch.Tensor, torch.Tensor]:

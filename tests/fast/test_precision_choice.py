@@ -73,13 +73,21 @@ def test_a_named_bfloat16_engine_tries_it_against_its_own_float32():
     ModelConfig(name="m", engine="ctranslate2"),  # an engine that computes no bfloat16 on CPUs
     ModelConfig(name="m", engine="onnx"),
     ModelConfig(name="m", compile=True),
-    ModelConfig(name="m", kind="rerank"),  # scores, not vectors: no cosine to hold them to
-    ModelConfig(name="m", kind="classify"),
     ModelConfig(name="m", device="cuda"),
-], ids=["float32", "ctranslate2", "onnx", "compile", "rerank", "classify", "cuda"])
+], ids=["float32", "ctranslate2", "onnx", "compile", "cuda"])
 def test_other_models_do_not_try_bfloat16(model):
     spec = resolve_model(model, cpu_bfloat16=True)
     assert spec.float32_engine is None and spec.dtype != "bfloat16"
+
+
+@pytest.mark.parametrize("kind", ["rerank", "classify"])
+def test_scoring_models_do_not_try_bfloat16(tmp_path, kind):
+    """Scores, not vectors: no cosine to hold them to."""
+    from tests.support.tiny_models import save_tiny_classifier, save_tiny_cross_encoder
+
+    folder = (save_tiny_cross_encoder if kind == "rerank" else save_tiny_classifier)(tmp_path / kind)
+    spec = resolve_model(ModelConfig(name="m", source=str(folder)), cpu_bfloat16=True)
+    assert spec.kind == kind and spec.float32_engine is None and spec.dtype != "bfloat16"
 
 
 def test_without_the_cpu_support_auto_stays_float32():

@@ -172,13 +172,15 @@ def test_models_toml_prompts_layer_over_the_family_table_name_by_name(tmp_path):
     assert spec.prompt_for("document") == "passage: " and spec.pools_prompt
 
 
-@pytest.mark.parametrize("settings, says", [
-    ({"default_prompt_name": "missing"}, "names none of its prompts"),
-    ({"kind": "rerank", "prompts": {"query": "q: "}}, "prompts apply to models that embed texts"),
-])
-def test_prompts_a_model_cannot_have_stop_the_start(tmp_path, settings, says):
-    with pytest.raises(ConfigError, match=says):
-        resolve_model(ModelConfig(name="m", source=str(_packaged_copy(tmp_path / "model")), **settings))
+def test_prompts_a_model_cannot_have_stop_the_start(tmp_path):
+    from tests.support.tiny_models import save_tiny_cross_encoder
+
+    with pytest.raises(ConfigError, match="names none of its prompts"):
+        resolve_model(ModelConfig(name="m", source=str(_packaged_copy(tmp_path / "model")),
+                                  default_prompt_name="missing"))
+    reranker = save_tiny_cross_encoder(tmp_path / "reranker")
+    with pytest.raises(ConfigError, match="prompts apply to models that embed texts"):
+        resolve_model(ModelConfig(name="m", source=str(reranker), kind="rerank", prompts={"query": "q: "}))
 
 
 def test_the_readme_writes_the_family_table_down():

@@ -131,7 +131,7 @@ def test_the_warm_up_times_a_lanes_passes_on_a_lanes_threads():
 
     engine = _ThreadsCosted()
     head = PooledEmbedding.__new__(PooledEmbedding)
-    head._pooling, head._normalize = "mean", False
+    head._plain_mean, head._normalize = True, False
     with torch_threads(2), ThreadPoolExecutor(1, thread_name_prefix="wide-pass") as wide_runner:
         warm_up(LoadedModel(engine, head, "float32"), max_length=256, lanes=TextLanes(2, True, (1, 2)),
                  wide_runner=wide_runner)

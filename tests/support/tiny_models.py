@@ -513,18 +513,20 @@ def save_tiny_qwen3_embedder(folder: Path, seed: int = 0) -> Path:
 
 
 def save_tiny_decoder_embedder(folder: Path, family: str, seed: int = 0) -> Path:
-    """A decoder embedder's layout at a tiny size, Qwen3-Embedding's (`family` "qwen3") or
+    """A decoder embedder's layout at a tiny size, Qwen3-Embedding's (`family` "qwen3"),
     gte-Qwen2's ("qwen2": with biases on its query, key and value projections, drawn at
-    random here, where transformers starts them at zero): a 2-layer decoder (hidden 32,
+    random here, where transformers starts them at zero) or e5-mistral's ("mistral"): a 2-layer decoder (hidden 32,
     4 query heads sharing 2 key-value heads), its byte-level BPE ending each text with
     <|endoftext|>, last-token pooling, normalised, and an instruction as its `query`
     prompt (`QWEN3_TINY_PROMPTS`), saved by sentence-transformers."""
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.base.modules import Normalize, Transformer
     from sentence_transformers.sentence_transformer.modules import Pooling
-    from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2Model, Qwen3Config, Qwen3Model
+    from transformers import (MistralConfig, MistralModel, PreTrainedTokenizerFast, Qwen2Config, Qwen2Model,
+                              Qwen3Config, Qwen3Model)
 
-    config_class, model_class = {"qwen2": (Qwen2Config, Qwen2Model), "qwen3": (Qwen3Config, Qwen3Model)}[family]
+    config_class, model_class = {"qwen2": (Qwen2Config, Qwen2Model), "qwen3": (Qwen3Config, Qwen3Model),
+                                 "mistral": (MistralConfig, MistralModel)}[family]
     decoder = folder.with_name(folder.name + f"-{family}")
     tokenizer = train_qwen_tokenizer()
     end = tokenizer.token_to_id("<|endoftext|>")

@@ -33,8 +33,20 @@ def auto_class(output: RawOutput, spec: ModelSpec) -> type:
 
     if output is RawOutput.RETRIEVAL_EMBEDDINGS:
         return getattr(transformers, model_config(spec)["architectures"][0])
+    if output is RawOutput.TOKEN_STATES and _encoder_alone(model_config(spec).get("model_type")):
+        return transformers.AutoModelForTextEncoding
     return {RawOutput.SEQUENCE_LOGITS: transformers.AutoModelForSequenceClassification,
             RawOutput.TOKEN_LOGITS: transformers.AutoModelForMaskedLM}.get(output, transformers.AutoModel)
+
+
+def _encoder_alone(family: str | None) -> bool:
+    """Whether transformers' encoder of `family` is a part of its base model: an
+    encoder-decoder's (T5: sentence-T5, GTR), whose token states are its encoder's, the
+    decoder neither loaded nor run."""
+    from transformers.models.auto import modeling_auto
+
+    encoder = modeling_auto.MODEL_FOR_TEXT_ENCODING_MAPPING_NAMES.get(family)
+    return encoder is not None and encoder != modeling_auto.MODEL_MAPPING_NAMES.get(family)
 
 
 # A two-tower model's towers, by the output they give: transformers 5 returns an output
@@ -94,6 +106,14 @@ class Engine(Protocol):
 def model_config(spec: ModelSpec) -> dict:
     """The model's transformers config.json."""
     return json.loads((Path(spec.path) / "config.json").read_text())
+
+
+def hidden_width(spec: ModelSpec) -> int:
+    """The width of the model's token states (its text model's), as transformers reads its
+    config: whatever key the family names it by (DistilBERT's `dim`, T5's `d_model`)."""
+    from transformers import AutoConfig
+
+    return int(AutoConfig.from_pretrained(spec.path).get_text_config().hidden_size)
 
 
 def pad_id(spec: ModelSpec) -> int:

@@ -24,7 +24,8 @@ from tokenizers import Tokenizer
 from infinity.shared.folders import COLBERT_LINEAR, SPARSE_LINEAR, special_token
 from infinity.shared.kinds import KINDS
 from infinity.shared.protocol import ModelSpec
-from workers.heads.multivector import linear_layer, read_rows
+from workers.heads.chain import linear_layer
+from workers.heads.multivector import read_rows
 from workers.heads.pooled import PooledEmbedding
 from workers.heads.sparse import entries_of
 

@@ -11,9 +11,10 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from safetensors import safe_open
 
 from infinity.shared.protocol import ModelSpec
+from workers.engines.base import hidden_width
+from workers.heads.chain import linear_layer, module_weights, prefixed
 
 
 class TokenVectors:
@@ -22,7 +23,7 @@ class TokenVectors:
     def __init__(self, spec: ModelSpec, config: dict) -> None:
         self.labels: list[str] = []
         self._projection = _projection(Path(spec.projection)) if spec.projection else None
-        self.dim = int(config["hidden_size"]) if self._projection is None else self._projection.out_features
+        self.dim = hidden_width(spec) if self._projection is None else self._projection.out_features
         self._normalize = spec.normalize
 
     def __call__(self, raw: torch.Tensor, mask: torch.Tensor) -> list[np.ndarray]:
@@ -55,21 +56,4 @@ def _projection(folder: Path) -> torch.nn.Linear:
     """The linear layer (`linear.weight`, `linear.bias` if any) among the weights in
     `folder`: a sentence-transformers Dense module's (its activation, checked at start,
     is the identity) or a Stanford ColBERT checkpoint's own."""
-    return linear_layer(_linear_weights(folder))
-
-
-def linear_layer(weights: dict[str, torch.Tensor]) -> torch.nn.Linear:
-    """The linear layer of a state dict (`weight`, and `bias` if any), for inference."""
-    out_features, in_features = weights["weight"].shape
-    layer = torch.nn.Linear(in_features, out_features, bias="bias" in weights)
-    layer.load_state_dict(weights)
-    return layer.eval()
-
-
-def _linear_weights(folder: Path) -> dict[str, torch.Tensor]:
-    if (folder / "model.safetensors").is_file():
-        with safe_open(str(folder / "model.safetensors"), framework="pt") as weights:
-            return {key.removeprefix("linear."): weights.get_tensor(key).float()
-                    for key in weights.keys() if key.startswith("linear.")}
-    weights = torch.load(folder / "pytorch_model.bin", map_location="cpu", weights_only=True)
-    return {key.removeprefix("linear."): value.float() for key, value in weights.items() if key.startswith("linear.")}
+    return linear_layer(prefixed(module_weights(folder), "linear."))

@@ -1,54 +1,38 @@
-"""The embedding head (`kind = "embed"`): token states pooled into one vector per input
-(mean, first token or last token, right padding), in float32, L2-normalised if the model
-says so."""
+"""The embedding head (`kind = "embed"`): token states run through the model's modules
+after its encoder (`workers.heads.chain`: pooling, then Dense, LayerNorm and Normalize as
+its folder orders them), one float32 vector per input."""
 
 from __future__ import annotations
 
 import numpy as np
 import torch
 
-from infinity.shared.protocol import ModelSpec
-
-
-def pool(mode: str, hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-    """(n, L, d) token states, (n, L) mask of the tokens read -> (n, d). The mask is the
-    attention mask (right padding), less a prompt's tokens where the model leaves them out
-    of pooling: "cls" takes the first token read, "lasttoken" the last, as
-    sentence-transformers' Pooling does."""
-    if mode == "mean":
-        # Summed into float32: a reduced-precision sum would round every pooled vector to
-        # 8 bits of mantissa (float32 states give the same bits as before).
-        mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
-        return (hidden * mask).sum(dim=1, dtype=torch.float32) / mask.sum(dim=1, dtype=torch.float32).clamp(min=1e-9)
-    rows = torch.arange(hidden.shape[0], device=hidden.device)
-    if mode == "cls":
-        return hidden[rows, attention_mask.argmax(dim=1)]
-    if mode == "lasttoken":
-        return hidden[rows, attention_mask.shape[1] - 1 - attention_mask.flip(1).argmax(dim=1)]
-    raise ValueError(f"unknown pooling {mode!r}")
+from infinity.shared.protocol import PLAIN_MEANS, ModelSpec, NormalizeStep
+from workers.engines.base import hidden_width
+from workers.heads.chain import ModuleChain, pooled_steps
 
 
 class PooledEmbedding:
     activation = "none"
 
     def __init__(self, spec: ModelSpec, config: dict) -> None:
-        self.dim = int(config["hidden_size"])
+        steps = pooled_steps(spec)
+        self._chain = ModuleChain(steps, hidden_width(spec))
+        self.dim = self._chain.dim
         self.labels: list[str] = []
-        self._pooling = spec.pooling
-        self._normalize = spec.normalize
+        # The mean alone, normalised or not, runs in numpy (`mean_rows`) on float32 CPU states.
+        self._plain_mean = steps in PLAIN_MEANS
+        self._normalize = steps[-1] == NormalizeStep()
 
     def __call__(self, raw: torch.Tensor, mask: torch.Tensor) -> np.ndarray:
-        if self._pooling == "mean" and raw.dtype == torch.float32 and raw.device.type == "cpu":
+        if self._plain_mean and raw.dtype == torch.float32 and raw.device.type == "cpu":
             return mean_rows(raw.numpy(), mask.numpy(), self._normalize)
-        vectors = pool(self._pooling, raw, mask).float()
-        if self._normalize:
-            vectors = torch.nn.functional.normalize(vectors, p=2, dim=1)
-        return vectors.cpu().numpy()
+        return self._chain(raw, mask).cpu().numpy()
 
 
 def mean_rows(hidden: np.ndarray, mask: np.ndarray, normalize: bool) -> np.ndarray:
-    """`pool("mean", ...)` of float32 states on the CPU, L2-normalised if asked, in numpy:
-    one sum of products and two divisions, where torch pays its dispatch on a dozen small
+    """Mean pooling of float32 states on the CPU, L2-normalised if asked, in numpy: one sum
+    of products and two divisions, where torch pays its dispatch on a dozen small
     operations: a third of the time or less, on small batches and large
     (bench/results/serving-path.md#the-mean-in-numpy-and-batches-kept-whole-on-busy-cores).
 

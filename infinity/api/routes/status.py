@@ -98,6 +98,7 @@ def _model_card(model: ServedModel, digest: str | None) -> ModelCard:
         long_inputs=spec.long_inputs,
         pooling=spec.pooling,
         normalize=spec.normalize,
+        modules=[step.label for step in spec.modules],
         digest=digest,
         prompts=spec.prompts,
         default_prompt_name=spec.default_prompt_name,

@@ -43,6 +43,9 @@ class ModelCard(Struct, kw_only=True):
     long_inputs: str  # how inputs longer than max_length are taken: truncate, chunk or error
     pooling: str  # an embedder's mean, cls or lasttoken; a sparse model's max or sum
     normalize: bool  # whether its vectors are scaled to length 1
+    # An embedder's modules after its encoder, in the order they run ("Pooling(mean)",
+    # "Dense(768->3072, Identity, no bias)", "Normalize"); empty for other kinds.
+    modules: list[str]
     # sha256 over the model folder's files (names and contents), computed in the background
     # the first time the list is asked for: null until then.
     digest: str | None

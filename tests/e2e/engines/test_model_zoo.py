@@ -1,0 +1,97 @@
+"""The model zoo (tests/support/zoo.py) served by one server and held to the reference
+library on the same weights: every embedder's vectors to sentence-transformers' (cosine
+>= 0.99999, alone and in a mixed-length batch, with its prompt where it has one), every
+cross-encoder's scores to CrossEncoder.predict and the classifier's to transformers'
+softmax (within 1e-5); /v1/models shows each embedder's module chain."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests.support.server import running_server
+from tests.support.zoo import EMBEDDER_PROMPTS, EMBEDDERS, SCORERS
+
+TEXTS = ["the quick brown fox", "a lazy dog jumps over seven wizards while the sphinx judges quartz numbers",
+         "boxing", "jumbo sized vexing quartz 7 8 9 and the quick fox again"]
+QUERY = "the quick fox"
+DOCUMENTS = ["a lazy dog", "quick brown fox jumps", "seven wizards judge boxing matches of jumbo sized quartz"]
+COSINE = 0.99999
+
+
+@pytest.fixture(scope="module")
+def zoo(tmp_path_factory):
+    root = tmp_path_factory.mktemp("zoo")
+    folders = {name: build(root / name) for name, build in {**EMBEDDERS, **SCORERS}.items()}
+    config = root / "models.toml"
+    # torch alone: the chain after the encoder is the same code on every engine
+    # (test_a_chain_on_every_engine), and converting fifteen models would take minutes.
+    config.write_text("".join(f'[[models]]\nname = "{name}"\nsource = "{folder}"\nengine = "torch"\n'
+                              f'lone_engine = "none"\n' for name, folder in folders.items()))
+    with running_server("--config", str(config), log_dir=root) as server:
+        yield server, folders
+
+
+def _cosines(got: np.ndarray, expected: np.ndarray) -> np.ndarray:
+    return (got * expected).sum(1) / np.linalg.norm(got, axis=1) / np.linalg.norm(expected, axis=1)
+
+
+@pytest.mark.parametrize("name", EMBEDDERS)
+def test_an_embedder_gives_sentence_transformers_vectors(zoo, name):
+    from sentence_transformers import SentenceTransformer
+
+    server, folders = zoo
+    prompt_name = EMBEDDER_PROMPTS.get(name)
+    reference = SentenceTransformer(str(folders[name]), device="cpu")
+    expected = reference.encode(TEXTS, prompt_name=prompt_name, convert_to_numpy=True)
+    fields = {"prompt_name": prompt_name} if prompt_name else {}
+    batch = server.embed(TEXTS, model=name, **fields)
+    assert batch.status_code == 200, batch.text
+    got = np.array([row["embedding"] for row in batch.json()["data"]], dtype=np.float32)
+    assert got.shape == expected.shape
+    assert (_cosines(got, expected) >= COSINE).all(), _cosines(got, expected)
+    # The vectors' lengths too: a model without Normalize is not normalised, one with it is.
+    np.testing.assert_allclose(np.linalg.norm(got, axis=1), np.linalg.norm(expected, axis=1), rtol=1e-4)
+    alone = server.embed(TEXTS[1], model=name, **fields).json()["data"][0]["embedding"]
+    assert _cosines(np.array([alone]), expected[1:2])[0] >= COSINE
+
+
+@pytest.mark.parametrize("name", [name for name in SCORERS if name.endswith("cross-encoder")])
+def test_a_cross_encoder_scores_as_sentence_transformers(zoo, name):
+    from sentence_transformers import CrossEncoder
+
+    server, folders = zoo
+    answer = server.post("/v1/rerank", {"model": name, "query": QUERY, "documents": DOCUMENTS})
+    assert answer.status_code == 200, answer.text
+    served = {result["index"]: result["relevance_score"] for result in answer.json()["results"]}
+    expected = CrossEncoder(str(folders[name]), device="cpu").predict([(QUERY, d) for d in DOCUMENTS])
+    np.testing.assert_allclose([served[i] for i in range(len(DOCUMENTS))], expected, atol=1e-5)
+
+
+def test_a_distilbert_classifier_scores_as_transformers(zoo):
+    import torch
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    server, folders = zoo
+    folder = folders["distilbert-classifier"]
+    answer = server.post("/v1/classify", {"model": "distilbert-classifier", "input": TEXTS})
+    assert answer.status_code == 200, answer.text
+    model = AutoModelForSequenceClassification.from_pretrained(folder).eval()
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    with torch.no_grad():
+        expected = torch.softmax(model(**tokenizer(TEXTS, padding=True, return_tensors="pt")).logits, -1).numpy()
+    labels = model.config.id2label
+    for row, probabilities in zip(answer.json()["data"], expected, strict=True):
+        served = {item["label"]: item["score"] for item in row}
+        np.testing.assert_allclose([served[labels[i]] for i in range(len(labels))], probabilities, atol=1e-5)
+
+
+def test_models_show_each_embedders_module_chain(zoo):
+    server, _ = zoo
+    cards = {card["id"]: card for card in server.get("/v1/models").json()["data"]}
+    assert cards["embeddinggemma"]["modules"] == ["Pooling(mean)", "Dense(32->128, Identity, no bias)",
+                                                  "Dense(128->32, Identity, no bias)", "Normalize"]
+    assert cards["bert-cls-mean-sqrt"]["modules"] == ["Pooling(cls+mean_sqrt_len_tokens)"]
+    assert cards["bert-cls-mean-sqrt"]["dimensions"] == 64
+    assert cards["bert-dense-residual"]["modules"] == ["Pooling(mean)", "Dense(32->16, Identity, residual)"]
+    assert cards["bert-cross-encoder"]["modules"] == []
