@@ -80,6 +80,10 @@ class ModelConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     default_prompt_name: str | None = None
     # The built-in table's prompts for a known family whose folder declares none; false: none.
     builtin_prompts: bool = True
+    # Run the modelling code a folder ships (an `auto_map` in its config.json or
+    # tokenizer_config.json), which executes in the server's processes: a folder with code is
+    # refused unless trusted, and served on torch (infinity/folders/remote_code.py).
+    trust_remote_code: bool = False
 
     def __post_init__(self) -> None:
         if self.max_length is not None and self.max_length < 2:

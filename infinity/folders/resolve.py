@@ -24,6 +24,7 @@ from infinity.folders import ModelFolder, detect_kind, reader
 from infinity.folders.encoder import NO_FLOAT16_FAMILIES
 from infinity.folders.modules import declared_modules
 from infinity.folders.prompts import prompt_settings
+from infinity.folders.remote_code import check_trusted
 from infinity.shared.folders import cache_dir, engine_refusal
 from infinity.shared.kinds import ENGINE_OUTPUTS, KINDS
 from infinity.shared.protocol import ModelSpec
@@ -55,6 +56,7 @@ def resolve_model(model: ModelConfig, cpu_bfloat16: bool = False) -> ModelSpec:
     if not (transformer / "config.json").is_file():
         raise ConfigError(f"model '{model.name}': no config.json in {transformer}")
     config = json.loads((transformer / "config.json").read_text())
+    check_trusted(model, transformer, config)  # before any reader loads the folder's files
     folder = ModelFolder(root, declared, transformer, config, _max_length(transformer, model.max_length))
     kind = detect_kind(folder) if model.kind == "auto" else model.kind
     kind_reader = reader(kind)
@@ -94,6 +96,7 @@ def resolve_model(model: ModelConfig, cpu_bfloat16: bool = False) -> ModelSpec:
         float32_engine=float32_engine,
         lone_engines=lone_engines,
         lone_engine_named=model.lone_engine not in ("auto", "none"),
+        trust_remote_code=model.trust_remote_code,
         **fields,
     )
 
@@ -154,10 +157,11 @@ def _installed(engine: str) -> bool:
 def _engine(model: ModelConfig, kind: str, config: dict, reads_unattended_states: bool) -> str:
     """The engine named, after checking it can serve the model (`engine_refusal`); for
     `engine = "auto"`: on CPUs at float32 or int8, CTranslate2 where it can serve the model,
-    else ONNX Runtime where it can, each only if its extra is installed; torch for
-    everything else (GPUs, other dtypes, `compile`, `TORCH_FIRST_FAMILIES`): the order in
-    which they served the default model on CPUs at every load (bench/results/engines.md#reading-and-the-cpu-default;
-    for two towers, bench/results/images.md#onnx-towers). If the chosen engine cannot load
+    else ONNX Runtime where it can (neither runs a folder's own code), each only if its
+    extra is installed; torch for everything else (GPUs, other dtypes, `compile`,
+    `TORCH_FIRST_FAMILIES`): the order in which they served the default model on CPUs at
+    every load (bench/results/engines.md#reading-and-the-cpu-default; for two towers,
+    bench/results/images.md#onnx-towers). If the chosen engine cannot load
     the model, the inference process falls back to torch."""
     def refusal(engine: str) -> str | None:
         return engine_refusal(engine, KINDS[kind].outputs, config, reads_unattended_states)

@@ -45,7 +45,8 @@ def settings(model: ModelConfig, folder: ModelFolder, kind: str) -> dict:
         families = IMAGE_TEXT_FAMILIES if kind == "image_text" else AUDIO_TEXT_FAMILIES
         raise ConfigError(f"model '{model.name}': kind = \"{kind}\" needs a two-tower folder "
                           f"({', '.join(families)}); {folder.transformer} is {folder.config.get('model_type')}")
-    return {"tasks": text_tasks(model.name, folder.transformer, folder.config)} if kind == "image_text" else {}
+    return ({"tasks": text_tasks(model.name, folder.transformer, folder.config, model.trust_remote_code)}
+            if kind == "image_text" else {})
 
 
 def is_image_text(config: dict) -> bool:
@@ -61,7 +62,7 @@ def two_tower_kind(config: dict) -> str | None:
     return "image_text" if is_image_text(config) else "audio_text" if is_audio_text(config) else None
 
 
-def text_tasks(name: str, folder: Path, config: dict) -> dict[str, TaskEncoding]:
+def text_tasks(name: str, folder: Path, config: dict, trust_remote_code: bool) -> dict[str, TaskEncoding]:
     """How the model's texts are encoded (as `TaskEncoding`s, for every task alike), after
     checking that its tokenizer gives the token its text tower pools at."""
     text_config = config["text_config"]
@@ -77,7 +78,7 @@ def text_tasks(name: str, folder: Path, config: dict) -> dict[str, TaskEncoding]
     pad = _pad_id(folder, tokenizer, text_config)
     full = TaskEncoding(max_length=text_config.get("max_position_embeddings", 64),
                         expand_to=text_config.get("max_position_embeddings", 64), expansion_id=pad,
-                        attend_expansion=not _returns_attention_mask(folder))
+                        attend_expansion=not _returns_attention_mask(folder, trust_remote_code))
     return {"query": full, "document": full}
 
 
@@ -87,10 +88,11 @@ def _pad_id(folder: Path, tokenizer: Tokenizer, text_config: dict) -> int:
     return pad if pad is not None else int(text_config.get("pad_token_id") or 0)
 
 
-def _returns_attention_mask(folder: Path) -> bool:
+def _returns_attention_mask(folder: Path, trust_remote_code: bool) -> bool:
     """Whether the model's transformers tokenizer hands the model an attention mask (then
     padding is masked out of attention; SigLIP's sentencepiece tokenizer hands none, so
     its padding is attended to)."""
     from transformers import AutoTokenizer
 
-    return "attention_mask" in AutoTokenizer.from_pretrained(str(folder)).model_input_names
+    tokenizer = AutoTokenizer.from_pretrained(str(folder), trust_remote_code=trust_remote_code)
+    return "attention_mask" in tokenizer.model_input_names

@@ -61,12 +61,19 @@ def engine_refusal(engine: str, outputs: Mapping[str, RawOutput], config: dict,
                    reads_unattended_states: bool = False) -> str | None:
     """Why `engine` cannot give a model whose config.json is `config` the raw `outputs` its
     kind asks (`infinity.shared.kinds.KindSpec.outputs`), or None: an output it does not
-    compute (`ENGINE_OUTPUTS`); for ONNX Runtime, a family its optimiser cannot fuse; for
-    CTranslate2, a family its converter does not handle, or tokens whose states are read
-    without being attended to (ColBERT's query expansion), which it cannot compute."""
+    compute (`ENGINE_OUTPUTS`); for any engine but torch, a model of the folder's own code;
+    for ONNX Runtime, a family its optimiser cannot fuse; for CTranslate2, a family its
+    converter does not handle, or tokens whose states are read without being attended to
+    (ColBERT's query expansion), which it cannot compute."""
     missing = lacking(engine, outputs)
     if missing:
         return f"the {engine} engine cannot compute {RAW_OUTPUT_MEANING[missing[0]]}"
+    # The converters and exports know transformers' own architectures: custom code may
+    # convert wrongly or not at all, and a family name such a config keeps (jina's "bert")
+    # says nothing of what its code computes.
+    if engine != "torch" and config.get("auto_map"):
+        return (f"the {engine} engine serves transformers' own architectures; this model runs its folder's own code "
+                "(config.json's auto_map), which only the torch engine runs")
     family = config.get("model_type")
     if engine == "onnx" and family in ONNX_UNFUSABLE_FAMILIES:
         return (f"the onnx engine fuses its graphs with onnxruntime's transformer optimiser, which fails on "

@@ -188,6 +188,9 @@ class ModelSpec(msgspec.Struct, frozen=True):
     # with `lone_engine_named`, the one named in models.toml is kept untimed.
     lone_engines: tuple[str, ...] = ()
     lone_engine_named: bool = False
+    # The folder's own modelling code may run (models.toml's trust_remote_code): passed to
+    # every transformers loader of its files.
+    trust_remote_code: bool = False
 
     def prompt_for(self, role: str | None) -> str:
         """The prompt of inputs whose request names none, encoded as `role` ("query",

@@ -113,7 +113,8 @@ def hidden_width(spec: ModelSpec) -> int:
     config: whatever key the family names it by (DistilBERT's `dim`, T5's `d_model`)."""
     from transformers import AutoConfig
 
-    return int(AutoConfig.from_pretrained(spec.path).get_text_config().hidden_size)
+    config = AutoConfig.from_pretrained(spec.path, trust_remote_code=spec.trust_remote_code)
+    return int(config.get_text_config().hidden_size)
 
 
 def pad_id(spec: ModelSpec) -> int:

@@ -38,8 +38,8 @@ def converted_model(spec: ModelSpec) -> tuple[Path, bool]:
         from ctranslate2.converters import TransformersConverter
 
         with _converter_view(Path(spec.path)) as source:
-            TransformersConverter(str(source)).convert(str(staging), quantization=COMPUTE_TYPES[spec.dtype],
-                                                       force=True)
+            converter = TransformersConverter(str(source), trust_remote_code=spec.trust_remote_code)
+            converter.convert(str(staging), quantization=COMPUTE_TYPES[spec.dtype], force=True)
         log.info("converted %s to CTranslate2 (%s)", spec.name, spec.dtype)
 
     return cached_build("ctranslate2", Path(spec.path), {
@@ -125,7 +125,8 @@ def _classification_head(spec: ModelSpec, model_type: str) -> Callable[[object],
     family dense + tanh + projection on the first token's hidden state."""
     from transformers import AutoModelForSequenceClassification
 
-    head = AutoModelForSequenceClassification.from_pretrained(spec.path, dtype=torch.float32).eval().classifier
+    head = AutoModelForSequenceClassification.from_pretrained(
+        spec.path, dtype=torch.float32, trust_remote_code=spec.trust_remote_code).eval().classifier
     output_field = "pooler_output" if model_type == "bert" else "last_hidden_state"
 
     @torch.inference_mode()

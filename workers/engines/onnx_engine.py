@@ -45,7 +45,8 @@ def exported_model(spec: ModelSpec, outputs: Mapping[str, RawOutput]) -> Path:
     def build(staging: Path) -> None:
         two_towers, external = has_vision_tower(exported), weights_beside(exported)
         with quiet_logging():
-            config = None if two_towers else AutoConfig.from_pretrained(spec.path)
+            config = (None if two_towers
+                      else AutoConfig.from_pretrained(spec.path, trust_remote_code=spec.trust_remote_code))
             _optimise(spec, config, exported / GRAPH, staging / GRAPH, external, fuse=not two_towers)
             if two_towers:
                 _optimise(spec, None, exported / VISION_GRAPH, staging / VISION_GRAPH, external, fuse=False)

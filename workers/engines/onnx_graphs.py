@@ -112,7 +112,8 @@ def _export_graphs(spec: ModelSpec, outputs: Mapping[str, RawOutput], folder: Pa
     output = outputs[TEXT]
     # Eager attention exports to plain MatMul/Softmax, which onnxruntime fuses better than
     # the exported SDPA.
-    model = auto_class(output, spec).from_pretrained(spec.path, dtype=torch.float32, attn_implementation="eager").eval()
+    model = auto_class(output, spec).from_pretrained(spec.path, dtype=torch.float32, attn_implementation="eager",
+                                                     trust_remote_code=spec.trust_remote_code).eval()
     external = sum(p.numel() * p.element_size() for p in model.parameters()) > _EXTERNAL_DATA_BYTES
     names = ["input_ids", "attention_mask"] + (["token_type_ids"] if _takes_token_types(model) else [])
     # A padded sample with batch and length above 1, so neither axis is specialised and the

@@ -75,7 +75,8 @@ class TorchEngine:
             torch.backends.cuda.enable_cudnn_sdp(False)
         self.on_caller_threads = self._device.type == "cpu"
         # transformers picks SDPA attention where the architecture has it (MPNet has not).
-        self._model = auto_class(output, spec).from_pretrained(spec.path, dtype=_DTYPES[spec.dtype]).to(self._device).eval()
+        self._model = auto_class(output, spec).from_pretrained(
+            spec.path, dtype=_DTYPES[spec.dtype], trust_remote_code=spec.trust_remote_code).to(self._device).eval()
         # A retrieval model hands its keyword arguments to its vision-language model, whose
         # attention may depend on the token types (PaliGemma's prefix).
         self._takes_token_types = "token_type_ids" in inspect.signature(
@@ -84,8 +85,11 @@ class TorchEngine:
         body_name, self._head = _PACKED_HEADS.get(type(self._model).__name__, (None, None))
         body = (self._model if output is RawOutput.TOKEN_STATES
                 else getattr(self._model, body_name) if body_name else None)
-        # The padding-free forward computes attended tokens only.
-        packs = body is not None and not spec.reads_unattended_states
+        # The padding-free forward computes attended tokens only. It re-implements transformers'
+        # own classes, known by name: a folder's own code may reuse those names (jina's
+        # flash implementations do) and compute otherwise, so it runs its own forward.
+        packs = (body is not None and not spec.reads_unattended_states
+                 and type(self._model).__module__.startswith("transformers."))
         self._packed = _padding_free(body) if packs else None
         if not spec.compile and onednn.uses_onednn(next(self._model.parameters())):
             onednn.prepack_all(self._model)

@@ -56,7 +56,7 @@ def _feature_extractor(spec: ModelSpec):  # noqa: ANN202 (transformers stays laz
     # saved max_length too, which cuts every clip to a frame or two.
     from transformers import AutoFeatureExtractor
 
-    return AutoFeatureExtractor.from_pretrained(spec.path)
+    return AutoFeatureExtractor.from_pretrained(spec.path, trust_remote_code=spec.trust_remote_code)
 
 
 def _spectrograms(extractor, clips: list[np.ndarray]) -> np.ndarray:  # noqa: ANN001

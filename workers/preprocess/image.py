@@ -22,7 +22,7 @@ class Preprocessor:
     def __init__(self, spec: ModelSpec, args: protocol.WorkerArgs) -> None:
         from transformers import AutoImageProcessor
 
-        self._processor = AutoImageProcessor.from_pretrained(spec.path)
+        self._processor = AutoImageProcessor.from_pretrained(spec.path, trust_remote_code=spec.trust_remote_code)
         self._patches = image_patches(_config(spec))
         self._limits = ImageLimits(args.max_image_bytes, args.max_image_pixels)
 

@@ -69,7 +69,7 @@ _TOKENS = ("input_ids", "token_type_ids")
 def _processor(spec: ModelSpec):  # noqa: ANN202 (transformers stays lazy)
     from transformers import AutoProcessor
 
-    return AutoProcessor.from_pretrained(spec.path)
+    return AutoProcessor.from_pretrained(spec.path, trust_remote_code=spec.trust_remote_code)
 
 
 def _numpy(encoded: dict) -> dict[str, np.ndarray]:

@@ -47,7 +47,8 @@ def load_tokenizer(spec: ModelSpec, markers: Sequence[str] = ()) -> Tokenizer:
     else:  # e.g. sentencepiece-only folders: let transformers build the fast tokenizer
         from transformers import AutoTokenizer
 
-        tokenizer = AutoTokenizer.from_pretrained(spec.path, use_fast=True).backend_tokenizer
+        tokenizer = AutoTokenizer.from_pretrained(spec.path, use_fast=True,
+                                                  trust_remote_code=spec.trust_remote_code).backend_tokenizer
     tokenizer.no_padding()
     tokenizer.no_truncation()
     if markers:
@@ -61,7 +62,8 @@ def _feeds_token_types(spec: ModelSpec) -> bool:
     try:
         from transformers import AutoTokenizer
 
-        return "token_type_ids" in AutoTokenizer.from_pretrained(spec.path).model_input_names
+        tokenizer = AutoTokenizer.from_pretrained(spec.path, trust_remote_code=spec.trust_remote_code)
+        return "token_type_ids" in tokenizer.model_input_names
     except Exception:  # no transformers tokenizer files: the tokenizer.json's segments stand
         return True
 
