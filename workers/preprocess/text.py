@@ -42,18 +42,39 @@ def model_tokenizer(spec: ModelSpec) -> "ModelTokenizer | TaskTokenizer":
 def load_tokenizer(spec: ModelSpec, markers: Sequence[str] = ()) -> Tokenizer:
     """The model's fast tokenizer, without padding or truncation; `markers` kept whole."""
     path = Path(spec.path) / "tokenizer.json"
-    if path.is_file():
+    if path.is_file() and not _sets_special_tokens(spec):
         tokenizer = Tokenizer.from_file(str(path))
-    else:  # e.g. sentencepiece-only folders: let transformers build the fast tokenizer
-        from transformers import AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(spec.path, use_fast=True,
-                                                  trust_remote_code=spec.trust_remote_code).backend_tokenizer
+    else:  # sentencepiece-only folders, or special tokens set beside tokenizer.json: transformers' reading
+        tokenizer = _transformers_tokenizer(spec)
     tokenizer.no_padding()
     tokenizer.no_truncation()
     if markers:
         tokenizer.add_special_tokens([AddedToken(marker, normalized=False, special=True) for marker in markers])
     return tokenizer
+
+
+# tokenizer_config.json keys with which transformers adds special tokens that tokenizer.json
+# need not say (Llama's and Gemma's tokenizers rebuild their post-processor from them).
+_SPECIAL_TOKEN_KEYS = ("add_bos_token", "add_eos_token")
+
+
+def _sets_special_tokens(spec: ModelSpec) -> bool:
+    path = Path(spec.path) / "tokenizer_config.json"
+    return path.is_file() and any(key in json.loads(path.read_text()) for key in _SPECIAL_TOKEN_KEYS)
+
+
+def _transformers_tokenizer(spec: ModelSpec) -> Tokenizer:
+    """The fast tokenizer transformers builds from the folder, after checking that it
+    encodes a text as transformers' own tokenizer does (which adds the special tokens
+    `_SPECIAL_TOKEN_KEYS` ask); a folder where it does not is refused naming them."""
+    from transformers import AutoTokenizer
+
+    loaded = AutoTokenizer.from_pretrained(spec.path, use_fast=True, trust_remote_code=spec.trust_remote_code)
+    probe = "probe text"
+    if loaded.backend_tokenizer.encode(probe).ids != loaded(probe)["input_ids"]:
+        raise ValueError(f"{spec.path}: transformers adds special tokens its fast tokenizer does not "
+                         f"({', '.join(_SPECIAL_TOKEN_KEYS)} in tokenizer_config.json); not served")
+    return loaded.backend_tokenizer
 
 
 def _feeds_token_types(spec: ModelSpec) -> bool:

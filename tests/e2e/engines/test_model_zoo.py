@@ -95,3 +95,34 @@ def test_models_show_each_embedders_module_chain(zoo):
     assert cards["bert-cls-mean-sqrt"]["dimensions"] == 64
     assert cards["bert-dense-residual"]["modules"] == ["Pooling(mean)", "Dense(32->16, Identity, residual)"]
     assert cards["bert-cross-encoder"]["modules"] == []
+
+
+@pytest.mark.parametrize("name, engine", [
+    ("bert-dense-gelu-layernorm", "torch"), ("bert-dense-gelu-layernorm", "ctranslate2"),
+    ("bert-dense-gelu-layernorm", "onnx"), ("bert-dense-gelu-layernorm", "openvino"),
+    ("embeddinggemma", "onnx"), ("embeddinggemma", "openvino"), ("sentence-t5", "onnx"), ("distilbert-mean", "onnx"),
+])
+def test_a_chain_on_every_engine(tmp_path, monkeypatch, name, engine):
+    """The modules after the encoder run after every engine's pass, and the families new to
+    the zoo export to ONNX Runtime and OpenVINO (which `engine = "auto"` picks on CPUs)."""
+    from sentence_transformers import SentenceTransformer
+    from tokenizers import Tokenizer
+
+    from infinity.config import ModelConfig
+    from infinity.folders.resolve import resolve_model
+    from workers.heads import load_model
+
+    monkeypatch.setenv("INFINITY_CACHE_DIR", str(tmp_path / "cache"))
+    folder = EMBEDDERS[name](tmp_path / name)
+    spec = resolve_model(ModelConfig(name=name, source=str(folder), engine=engine, lone_engine="none"))
+    model = load_model(spec, 2)
+    assert model.engine.name == engine
+    tokenizer = Tokenizer.from_file(f"{spec.path}/tokenizer.json")
+    encoded = [tokenizer.encode(text).ids for text in TEXTS]
+    ids = np.zeros((len(TEXTS), max(map(len, encoded))), dtype=np.int64)
+    for row, tokens in enumerate(encoded):
+        ids[row, :len(tokens)] = tokens
+    mask = (np.arange(ids.shape[1]) < np.array([[len(tokens)] for tokens in encoded])).astype(np.int64)
+    got = model.forward(ids, mask, np.zeros_like(ids))
+    expected = SentenceTransformer(str(folder), device="cpu").encode(TEXTS, convert_to_numpy=True)
+    assert (_cosines(got, expected) >= COSINE).all(), _cosines(got, expected)

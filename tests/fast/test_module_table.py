@@ -1,0 +1,186 @@
+"""The rule of infinity/folders/modules.py: every module class of the pinned
+sentence-transformers is served or refused by name, and a folder that declares a module,
+a setting or an activation the server cannot run is refused at start naming it, never
+served without it."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import json
+import pkgutil
+from pathlib import Path
+
+import pytest
+
+from infinity.config import ConfigError, ModelConfig
+from infinity.folders.modules import ACTIVATIONS, REFUSED, SERVED
+from infinity.folders.resolve import packaged_model_folder, resolve_model
+
+
+def _library_module_classes() -> set[str]:
+    """Every class the installed sentence-transformers defines that is a module of a model
+    (a subclass of its `Module`), in every subpackage."""
+    import sentence_transformers
+    from sentence_transformers.base.modules import Module
+
+    names = set()
+    for info in pkgutil.walk_packages(sentence_transformers.__path__, "sentence_transformers."):
+        if ".modules" not in info.name:
+            continue
+        for _, value in inspect.getmembers(importlib.import_module(info.name), inspect.isclass):
+            if issubclass(value, Module) and value.__module__.startswith("sentence_transformers."):
+                names.add(value.__name__)
+    return names
+
+
+def test_every_module_class_of_the_library_is_served_or_refused():
+    classes = _library_module_classes()
+    assert {"Transformer", "Pooling", "Dense", "Normalize", "Router", "StaticEmbedding", "LogitScore"} <= classes
+    assert classes - set(SERVED) - set(REFUSED) == set(), "a module class neither served nor refused"
+    assert not set(SERVED) & set(REFUSED)
+
+
+def test_every_activation_served_is_a_torch_module_without_parameters():
+    import torch
+
+    for name in ACTIVATIONS:
+        activation = getattr(torch.nn, name)()
+        assert isinstance(activation, torch.nn.Module) and not list(activation.parameters()), name
+
+
+def _copy_of_default(root: Path) -> Path:
+    """The packaged model's folder (Transformer, Pooling, Normalize), its module files copied
+    so a test can change them."""
+    root.mkdir(parents=True)
+    for entry in packaged_model_folder().iterdir():
+        if entry.is_dir():
+            (root / entry.name).mkdir()
+            for file in entry.iterdir():
+                (root / entry.name / file.name).write_bytes(file.read_bytes())
+        else:
+            (root / entry.name).symlink_to(entry)
+    return root
+
+
+def _modules(folder: Path) -> list[dict]:
+    return json.loads((folder / "modules.json").read_text())
+
+
+def _write_modules(folder: Path, modules: list[dict]) -> None:
+    (folder / "modules.json").unlink()
+    (folder / "modules.json").write_text(json.dumps(modules))
+
+
+def _with_module(folder: Path, type_: str, config: dict, weights: dict | None = None) -> Path:
+    """`folder` with one more module before its Normalize."""
+    import torch
+    from safetensors.torch import save_file
+
+    modules = _modules(folder)
+    path = f"{len(modules)}_{type_.rsplit('.', 1)[-1]}"
+    (folder / path).mkdir()
+    (folder / path / "config.json").write_text(json.dumps(config))
+    if weights is not None:
+        save_file({key: torch.randn(*shape) for key, shape in weights.items()}, str(folder / path / "model.safetensors"))
+    _write_modules(folder, modules[:-1] + [{"idx": len(modules), "name": path, "path": path, "type": type_},
+                                           modules[-1]])
+    return folder
+
+
+DENSE = "sentence_transformers.models.Dense"
+
+
+@pytest.mark.parametrize("change, names", [
+    (lambda f: _with_module(f, "sentence_transformers.models.WeightedLayerPooling", {}), "WeightedLayerPooling"),
+    (lambda f: _with_module(f, "sentence_transformers.models.Router", {}), "Router"),
+    (lambda f: _with_module(f, "my_package.modules.Whitening", {}), "my_package.modules.Whitening"),
+    (lambda f: _with_module(f, "sentence_transformers.models.Frobnicate", {}), "Frobnicate"),
+    (lambda f: _with_module(f, DENSE, {"in_features": 384, "out_features": 8, "activation_function": "my.Swish"},
+                            {"linear.weight": (8, 384), "linear.bias": (8,)}), "my.Swish"),
+    (lambda f: _with_module(f, DENSE, {"in_features": 384, "out_features": 8, "activation_function":
+                                       "torch.nn.modules.activation.PReLU"}, {"linear.weight": (8, 384)}), "PReLU"),
+    (lambda f: _with_module(f, DENSE, {"in_features": 384, "out_features": 8, "whiten": True},
+                            {"linear.weight": (8, 384)}), "whiten"),
+    (lambda f: _with_module(f, DENSE, {"in_features": 384, "out_features": 8, "module_input_name": "cls_vector"},
+                            {"linear.weight": (8, 384)}), "cls_vector"),
+    (lambda f: _with_module(f, DENSE, {"in_features": 384, "out_features": 8}), "no weights"),
+], ids=["weighted-layer-pooling", "router", "custom-code", "unknown-class", "untrusted-activation",
+        "activation-with-parameters", "unknown-dense-key", "unknown-feature", "dense-without-weights"])
+def test_a_module_that_cannot_run_fails_the_start_naming_it(tmp_path, change, names):
+    folder = change(_copy_of_default(tmp_path / "model"))
+    with pytest.raises(ConfigError, match=names):
+        resolve_model(ModelConfig(name="m", source=str(folder)))
+
+
+@pytest.mark.parametrize("config, names", [
+    ({"word_embedding_dimension": 384, "pooling_mode": "median"}, "median"),
+    ({"embedding_dimension": 384, "pooling_mode": "mean", "whitening": True}, "whitening"),
+])
+def test_a_pooling_setting_that_cannot_run_fails_the_start_naming_it(tmp_path, config, names):
+    folder = _copy_of_default(tmp_path / "model")
+    pooling = next(entry["path"] for entry in _modules(folder) if entry["type"].endswith("Pooling"))
+    (folder / pooling / "config.json").unlink()
+    (folder / pooling / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ConfigError, match=names):
+        resolve_model(ModelConfig(name="m", source=str(folder)))
+
+
+@pytest.mark.parametrize("settings, names", [
+    ({"max_seq_length": 256, "tokenizer_args": {"add_eos_token": True}}, "add_eos_token"),
+    ({"max_seq_length": 256, "config_args": {"use_bidirectional_attention": True}}, "use_bidirectional_attention"),
+    ({"max_seq_length": 256, "transformer_task": "text-generation"}, "text-generation"),
+    ({"max_seq_length": 256, "frobnicate": 1}, "frobnicate"),
+])
+def test_a_transformer_setting_that_changes_the_output_fails_the_start(tmp_path, settings, names):
+    folder = _copy_of_default(tmp_path / "model")
+    (folder / "sentence_bert_config.json").unlink()
+    (folder / "sentence_bert_config.json").write_text(json.dumps(settings))
+    with pytest.raises(ConfigError, match=names):
+        resolve_model(ModelConfig(name="m", source=str(folder)))
+
+
+def test_pooling_and_normalize_of_models_toml_apply_over_the_folders_chain(tmp_path):
+    folder = str(packaged_model_folder())
+    spec = resolve_model(ModelConfig(name="m", source=folder, pooling="weightedmean", normalize=False))
+    assert [step.label for step in spec.modules] == ["Pooling(weightedmean)"]
+    assert (spec.pooling, spec.normalize) == ("weightedmean", False)
+    spec = resolve_model(ModelConfig(name="m", source=folder))
+    assert [step.label for step in spec.modules] == ["Pooling(mean)", "Normalize"]
+
+
+def test_a_causal_language_model_without_modules_is_not_taken_for_an_embedder(tmp_path):
+    from tests.support.tiny_models import save_tiny_decoder_embedder
+
+    embedder = save_tiny_decoder_embedder(tmp_path / "embedder", "qwen3")
+    decoder = next(tmp_path.glob("embedder-*"))
+    config = json.loads((decoder / "config.json").read_text())
+    (decoder / "config.json").write_text(json.dumps({**config, "architectures": ["Qwen3ForCausalLM"]}))
+    with pytest.raises(ConfigError, match="Qwen3ForCausalLM without sentence-transformers modules"):
+        resolve_model(ModelConfig(name="m", source=str(decoder)))
+    assert resolve_model(ModelConfig(name="m", source=str(decoder), pooling="lasttoken")).pooling == "lasttoken"
+    assert resolve_model(ModelConfig(name="m", source=str(embedder))).pooling == "lasttoken"  # its modules say so
+
+
+def test_gemma3_is_refused_in_float16_and_served_in_bfloat16_on_gpus(tmp_path):
+    from tests.support.zoo import save_embedding_gemma
+
+    folder = str(save_embedding_gemma(tmp_path / "embeddinggemma"))
+    with pytest.raises(ConfigError, match="float16"):
+        resolve_model(ModelConfig(name="m", source=folder, dtype="float16"))
+    assert resolve_model(ModelConfig(name="m", source=folder, device="cuda")).dtype == "bfloat16"
+
+
+def test_special_tokens_a_tokenizer_config_asks_are_read_as_transformers_reads_them(tmp_path):
+    from transformers import AutoTokenizer
+
+    from tests.support.zoo import save_embedding_gemma
+    from workers.preprocess.text import load_tokenizer
+
+    folder = save_embedding_gemma(tmp_path / "embeddinggemma")
+    settings = json.loads((folder / "tokenizer_config.json").read_text())
+    (folder / "tokenizer_config.json").write_text(json.dumps({**settings, "add_bos_token": True,
+                                                               "add_eos_token": True}))
+    tokenizer = load_tokenizer(resolve_model(ModelConfig(name="m", source=str(folder))))
+    text = "the quick brown fox"
+    assert tokenizer.encode(text).ids == AutoTokenizer.from_pretrained(folder)(text)["input_ids"]
