@@ -19,7 +19,7 @@ from infinity.folders.modules import embedding_chain, transformer_refusal
 from infinity.shared.protocol import NormalizeStep, PoolStep
 
 # The sentence-transformers modules its folder may declare (infinity/folders/__init__.py).
-MODULES = ("Transformer", "Pooling", "Dense", "LayerNorm", "Normalize", "Dropout")
+MODULES = ("Transformer", "StaticEmbedding", "Pooling", "Dense", "LayerNorm", "Normalize", "Dropout")
 # Heads whose folders, without sentence-transformers modules, are not embedders.
 NOT_EMBEDDER_HEADS = ("ForCausalLM", "ForConditionalGeneration", "ForTokenClassification", "ForQuestionAnswering",
                       "ForMultipleChoice", "LMHeadModel")

@@ -22,6 +22,7 @@ from infinity.shared.protocol import (SENTENCE_FEATURE, TOKEN_FEATURE, ChainStep
 # How each module class the server runs is served, by class name.
 SERVED: dict[str, str] = {
     "Transformer": "the encoder, on the model's engine",
+    "StaticEmbedding": "a token table's rows averaged (model2vec), on the static engine",
     "MLMTransformer": "a sparse model's encoder with its masked-language-model head",
     "Pooling": "token states pooled after the pass (every mode and their concatenation, include_prompt)",
     "Dense": "a linear layer and its torch activation after pooling, any number in order (or on token states)",
@@ -38,7 +39,6 @@ REFUSED: dict[str, str] = {
     "InputModule": "the library's abstract base class, not a module of a saved model",
     "Router": "separate modules for queries and documents; serve each side as its own model",
     "Asym": "separate modules for queries and documents; serve each side as its own model",
-    "StaticEmbedding": "a static embedding table without a transformer (model2vec); not served yet",
     "SparseStaticEmbedding": "inference-free sparse weights, one per vocabulary token; sparse models are served "
                              "as SPLADE (an MLMTransformer and SpladePooling)",
     "SparseAutoEncoder": "a sparse auto-encoder over dense embeddings (CSR); sparse models are served as SPLADE",
@@ -179,7 +179,9 @@ def embedding_chain(model: ModelConfig, root: Path, declared: tuple[DeclaredModu
         if module.name in ("Transformer", "MLMTransformer", "Dropout"):
             continue
         config = module.config()
-        if module.name == "Pooling":
+        if module.name == "StaticEmbedding":  # its mean of rows
+            steps.append(PoolStep(("mean",)))
+        elif module.name == "Pooling":
             steps.append(PoolStep(pooling_modes(config, module.path)))
         elif module.name == "Dense":
             steps.append(_dense(module, config))

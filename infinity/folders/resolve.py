@@ -25,7 +25,8 @@ from infinity.folders.encoder import NO_FLOAT16_FAMILIES
 from infinity.folders.modules import declared_modules
 from infinity.folders.prompts import prompt_settings
 from infinity.folders.remote_code import check_trusted
-from infinity.shared.folders import cache_dir, engine_refusal
+from infinity.folders.static import static_model_folder
+from infinity.shared.folders import STATIC_FAMILY, cache_dir, engine_refusal
 from infinity.shared.kinds import ENGINE_OUTPUTS, KINDS
 from infinity.shared.protocol import ModelSpec
 
@@ -52,7 +53,11 @@ def resolve_model(model: ModelConfig, cpu_bfloat16: bool = False) -> ModelSpec:
     `engine` would pick as its alternative."""
     root = _model_folder(model)
     declared = declared_modules(root)
-    transformer = next((module.path for module in declared if module.name in ("Transformer", "MLMTransformer")), root)
+    if declared and declared[0].name == "StaticEmbedding":
+        transformer = static_model_folder(model, declared[0])
+    else:
+        transformer = next((module.path for module in declared if module.name in ("Transformer", "MLMTransformer")),
+                           root)
     if not (transformer / "config.json").is_file():
         raise ConfigError(f"model '{model.name}': no config.json in {transformer}")
     config = json.loads((transformer / "config.json").read_text())
@@ -72,7 +77,7 @@ def resolve_model(model: ModelConfig, cpu_bfloat16: bool = False) -> ModelSpec:
     tasks = fields.get("tasks", {})
     engine = _engine(model, kind, config, _reads_unattended_states(tasks))
     dtype, float32_engine = _dtype(model, config), None
-    if cpu_bfloat16 and _tries_bfloat16(model, kind):
+    if cpu_bfloat16 and _tries_bfloat16(model, kind) and config.get("model_type") != STATIC_FAMILY:
         float32_engine, engine, dtype = engine, _bfloat16_engine(model, kind, config, tasks), "bfloat16"
     lone_engines = _lone_engines(model, kind, config, float32_engine or (engine if dtype == "float32" else None),
                                  _reads_unattended_states(tasks))
@@ -114,10 +119,11 @@ def long_inputs(model: ModelConfig, kind: str) -> str:
 def _dtype(model: ModelConfig, config: dict) -> str:
     """`dtype = "auto"`: float16 when every device is a CUDA or ROCm GPU (as TEI and
     infinity serve there; bfloat16 for families that overflow in float16), float32 on CPUs
-    and MPS."""
+    and MPS and for static-embedding models."""
     if model.dtype != "auto":
         return model.dtype
-    if not all(devices.split(d)[0] in ("cuda", "rocm") for d in model.devices):
+    if not all(devices.split(d)[0] in ("cuda", "rocm") for d in model.devices) or config.get(
+            "model_type") == STATIC_FAMILY:
         return "float32"
     return "bfloat16" if config.get("model_type") in NO_FLOAT16_FAMILIES else "float16"
 
@@ -173,6 +179,8 @@ def _engine(model: ModelConfig, kind: str, config: dict, reads_unattended_states
                       if name != model.engine and (name == "auto" or refusal(name) is None)]
             raise ConfigError(f"model '{model.name}': {why}; use engine = {' or '.join(others)}")
         return model.engine
+    if config.get("model_type") == STATIC_FAMILY:
+        return "static"
     on_cpus = all(devices.is_cpu(d) for d in model.devices)
     if (model.compile or not on_cpus or model.dtype not in ("auto", "float32", "int8")
             or config.get("model_type") in TORCH_FIRST_FAMILIES):

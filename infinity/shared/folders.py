@@ -47,6 +47,8 @@ def image_patches(config: dict) -> int:
     return (int(vision["image_size"]) // int(vision["patch_size"])) ** 2
 
 
+# The model_type of the config written for a static-embedding model (infinity/folders/static.py).
+STATIC_FAMILY = "static_embedding"
 # model_type values of the encoder families CTranslate2's converter handles (and whose
 # classification heads its engine knows).
 CTRANSLATE2_FAMILIES = ("bert", "roberta", "xlm-roberta", "camembert")
@@ -62,6 +64,7 @@ def engine_refusal(engine: str, outputs: Mapping[str, RawOutput], config: dict,
     """Why `engine` cannot give a model whose config.json is `config` the raw `outputs` its
     kind asks (`infinity.shared.kinds.KindSpec.outputs`), or None: an output it does not
     compute (`ENGINE_OUTPUTS`); for any engine but torch, a model of the folder's own code;
+    for a static-embedding model, any engine but the static one, and the reverse;
     for ONNX Runtime, a family its optimiser cannot fuse; for CTranslate2, a family its
     converter does not handle, or tokens whose states are read without being attended to
     (ColBERT's query expansion), which it cannot compute."""
@@ -75,6 +78,9 @@ def engine_refusal(engine: str, outputs: Mapping[str, RawOutput], config: dict,
         return (f"the {engine} engine serves transformers' own architectures; this model runs its folder's own code "
                 "(config.json's auto_map), which only the torch engine runs")
     family = config.get("model_type")
+    if (engine == "static") != (family == STATIC_FAMILY):
+        return ("the static engine serves static-embedding models (sentence-transformers' StaticEmbedding), and "
+                "only it does")
     if engine == "onnx" and family in ONNX_UNFUSABLE_FAMILIES:
         return (f"the onnx engine fuses its graphs with onnxruntime's transformer optimiser, which fails on "
                 f"{family}'s layer norms (they have no bias)")

@@ -54,6 +54,8 @@ ENGINE_OUTPUTS: dict[str, frozenset[RawOutput]] = {
     "onnx": _EXPORTED,
     "ctranslate2": frozenset({RawOutput.TOKEN_STATES, RawOutput.SEQUENCE_LOGITS}),
     "openvino": _EXPORTED,
+    # A static-embedding model's rows per token (sentence-transformers' StaticEmbedding).
+    "static": frozenset({RawOutput.TOKEN_STATES}),
 }
 # The dtypes each engine takes (`dtype = "auto"` resolves to one of them); some only on some
 # devices, which the engine checks at load: onnx int8 on CPUs and float16 on CUDA, openvino
@@ -63,6 +65,7 @@ ENGINE_DTYPES: dict[str, tuple[str, ...]] = {
     "onnx": ("float32", "float16", "int8"),
     "ctranslate2": ("float32", "float16", "int8", "int8_float16"),
     "openvino": ("float32", "bfloat16"),
+    "static": ("float32",),
 }
 EngineName = Literal[tuple(ENGINE_OUTPUTS)]  # type: ignore[valid-type]
 

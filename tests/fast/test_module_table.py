@@ -184,3 +184,17 @@ def test_special_tokens_a_tokenizer_config_asks_are_read_as_transformers_reads_t
     tokenizer = load_tokenizer(resolve_model(ModelConfig(name="m", source=str(folder))))
     text = "the quick brown fox"
     assert tokenizer.encode(text).ids == AutoTokenizer.from_pretrained(folder)(text)["input_ids"]
+
+
+def test_a_static_embedding_model_is_served_on_the_static_engine_alone(tmp_path, monkeypatch):
+    from tests.support.zoo import save_static_embedder
+
+    monkeypatch.setenv("INFINITY_CACHE_DIR", str(tmp_path / "cache"))
+    folder = str(save_static_embedder(tmp_path / "potion"))
+    spec = resolve_model(ModelConfig(name="m", source=folder, device="cuda"))
+    assert (spec.kind, spec.engine, spec.dtype, spec.max_length) == ("embed", "static", "float32", 8192)
+    assert json.loads((Path(spec.path) / "tokenizer.json").read_text())["post_processor"] is None
+    with pytest.raises(ConfigError, match="static engine"):
+        resolve_model(ModelConfig(name="m", source=folder, engine="torch"))
+    with pytest.raises(ConfigError, match="static engine"):
+        resolve_model(ModelConfig(name="m", engine="static"))

@@ -124,6 +124,29 @@ def save_embedding_gemma(folder: Path, seed: int = 0) -> Path:
                                  _dense(4 * WIDTH, WIDTH, bias=False), _normalize()], prompts)
 
 
+def save_static_embedder(folder: Path, seed: int = 0, model2vec: bool = False) -> Path:
+    """A StaticEmbedding (model2vec's potion layout) over the WordPiece tokenizer, whose
+    tokenizer.json adds [CLS] and [SEP] (sentence-transformers encodes without them), then
+    Normalize. With `model2vec`, its weights as model2vec saves a quantised vocabulary: a
+    smaller `embeddings` table, each token's row in `mapping` and its `weights`."""
+    import json
+
+    from safetensors.torch import save_file
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.modules import StaticEmbedding
+
+    tokenizer = train_tokenizer()
+    torch.manual_seed(seed)
+    static = StaticEmbedding(tokenizer, embedding_weights=torch.randn(tokenizer.get_vocab_size(), WIDTH))
+    SentenceTransformer(modules=[static, _normalize()]).save(str(folder))
+    if model2vec:
+        module = folder / json.loads((folder / "modules.json").read_text())[0]["path"]
+        vocabulary = tokenizer.get_vocab_size()
+        save_file({"embeddings": torch.randn(50, WIDTH), "mapping": torch.randint(0, 50, (vocabulary,)),
+                   "weights": torch.rand(vocabulary) + 0.5}, str(module / "model.safetensors"))
+    return folder
+
+
 def save_mistral_embedder(folder: Path, seed: int = 0) -> Path:
     """A Mistral decoder with last-token pooling (e5-mistral's and SFR's layout)."""
     return save_tiny_decoder_embedder(folder, "mistral", seed)
@@ -152,7 +175,11 @@ EMBEDDERS: dict[str, Callable[[Path], Path]] = {
     "embeddinggemma": save_embedding_gemma,
     "mistral-lasttoken": save_mistral_embedder,
     "qwen3-lasttoken": lambda folder: save_tiny_decoder_embedder(folder, "qwen3"),
+    "static-embedding": save_static_embedder,
+    "model2vec": lambda folder: save_static_embedder(folder, model2vec=True),
 }
+# The engine each is served on in the zoo's server where it is not torch.
+ENGINES = {"static-embedding": "static", "model2vec": "static"}
 # The prompt each embedder's queries are sent with in the test (none: no prompt).
 EMBEDDER_PROMPTS = {"bert-prompt-left-out": "query", "nomic-bert-mean": "query", "embeddinggemma": "query",
                     "qwen3-lasttoken": "query"}

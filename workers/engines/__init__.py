@@ -22,6 +22,7 @@ ENGINES = {
     "ctranslate2": "workers.engines.ctranslate2_engine:CTranslate2Engine",
     "onnx": "workers.engines.onnx_engine:OnnxEngine",
     "openvino": "workers.engines.openvino_engine:OpenVinoEngine",
+    "static": "workers.engines.static_engine:StaticEngine",
 }
 
 

@@ -21,6 +21,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
+from infinity.shared.folders import STATIC_FAMILY
 from infinity.shared.kinds import RawOutput
 from infinity.shared.protocol import ModelSpec
 
@@ -113,6 +114,8 @@ def hidden_width(spec: ModelSpec) -> int:
     config: whatever key the family names it by (DistilBERT's `dim`, T5's `d_model`)."""
     from transformers import AutoConfig
 
+    if model_config(spec).get("model_type") == STATIC_FAMILY:  # a config the server wrote, not transformers'
+        return int(model_config(spec)["hidden_size"])
     config = AutoConfig.from_pretrained(spec.path, trust_remote_code=spec.trust_remote_code)
     return int(config.get_text_config().hidden_size)
 

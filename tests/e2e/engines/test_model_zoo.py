@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from tests.support.server import running_server
-from tests.support.zoo import EMBEDDER_PROMPTS, EMBEDDERS, SCORERS
+from tests.support.zoo import EMBEDDER_PROMPTS, EMBEDDERS, ENGINES, SCORERS
 
 TEXTS = ["the quick brown fox", "a lazy dog jumps over seven wizards while the sphinx judges quartz numbers",
          "boxing", "jumbo sized vexing quartz 7 8 9 and the quick fox again"]
@@ -24,10 +24,11 @@ def zoo(tmp_path_factory):
     root = tmp_path_factory.mktemp("zoo")
     folders = {name: build(root / name) for name, build in {**EMBEDDERS, **SCORERS}.items()}
     config = root / "models.toml"
-    # torch alone: the chain after the encoder is the same code on every engine
-    # (test_a_chain_on_every_engine), and converting fifteen models would take minutes.
-    config.write_text("".join(f'[[models]]\nname = "{name}"\nsource = "{folder}"\nengine = "torch"\n'
-                              f'lone_engine = "none"\n' for name, folder in folders.items()))
+    # torch (a static model's own engine aside): the chain after the encoder is the same code
+    # on every engine (test_a_chain_on_every_engine), and converting every model would take minutes.
+    config.write_text("".join(f'[[models]]\nname = "{name}"\nsource = "{folder}"\n'
+                              f'engine = "{ENGINES.get(name, "torch")}"\nlone_engine = "none"\n'
+                              for name, folder in folders.items()))
     with running_server("--config", str(config), log_dir=root) as server:
         yield server, folders
 
@@ -95,6 +96,7 @@ def test_models_show_each_embedders_module_chain(zoo):
     assert cards["bert-cls-mean-sqrt"]["dimensions"] == 64
     assert cards["bert-dense-residual"]["modules"] == ["Pooling(mean)", "Dense(32->16, Identity, residual)"]
     assert cards["bert-cross-encoder"]["modules"] == []
+    assert (cards["model2vec"]["backend"], cards["model2vec"]["modules"]) == ("static", ["Pooling(mean)", "Normalize"])
 
 
 @pytest.mark.parametrize("name, engine", [
