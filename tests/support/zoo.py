@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 from tokenizers import processors
 
+from tests.support.modernbert import save_tiny_modernbert_embedder
 from tests.support.tiny_models import (save_hf_tokenizer, save_tiny_decoder_embedder, save_tiny_family_model,
                                        train_qwen_tokenizer, train_tokenizer)
 
@@ -22,6 +23,12 @@ WIDTH = 32
 _ENCODER_CONFIGS = {
     "bert": dict(hidden_size=WIDTH, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
                  max_position_embeddings=66),
+    "mpnet": dict(hidden_size=WIDTH, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+                  max_position_embeddings=66, pad_token_id=1),
+    "roberta": dict(hidden_size=WIDTH, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+                    max_position_embeddings=66, pad_token_id=1),
+    "xlm-roberta": dict(hidden_size=WIDTH, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+                        max_position_embeddings=66, pad_token_id=1),
     "nomic_bert": dict(hidden_size=WIDTH, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
                        head_dim=16, max_position_embeddings=66),
     "gte": dict(hidden_size=WIDTH, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
@@ -167,6 +174,10 @@ EMBEDDERS: dict[str, Callable[[Path], Path]] = {
     "bert-dense-residual": _family("bert", lambda: _pooling("mean"), lambda: _dense(WIDTH, 16, residual=True)),
     "bert-prompt-left-out": _family("bert", lambda: _pooling("mean", include_prompt=False), _normalize,
                                     prompts={"query": "quick fox: ", "document": ""}),
+    "mpnet-mean": _family("mpnet", lambda: _pooling("mean"), _normalize),
+    "roberta-mean": _family("roberta", lambda: _pooling("mean"), _normalize),
+    "xlm-roberta-mean": _family("xlm-roberta", lambda: _pooling("mean"), _normalize),
+    "modernbert-cls": lambda folder: save_tiny_modernbert_embedder(folder, "cls"),
     "distilbert-mean": _family("distilbert", lambda: _pooling("mean")),
     "nomic-bert-mean": _family("nomic_bert", lambda: _pooling("mean"), _normalize,
                                prompts={"query": "search_query: ", "document": "search_document: "}),
