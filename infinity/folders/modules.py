@@ -31,6 +31,8 @@ SERVED: dict[str, str] = {
     "Dropout": "nothing: dropout is the identity at inference",
     "SpladePooling": "a sparse model's pooling of its logits (kind sparse)",
     "MultiVectorMask": "a multi-vector model's skipped tokens (kind multivector)",
+    "LogitScore": "a causal language model's logit of its true token less its false one's at the last token, as a "
+                  "reranker's relevance (kind rerank)",
 }
 
 # Why each module class the server does not run is refused, by class name.
@@ -43,7 +45,6 @@ REFUSED: dict[str, str] = {
                              "as SPLADE (an MLMTransformer and SpladePooling)",
     "SparseAutoEncoder": "a sparse auto-encoder over dense embeddings (CSR); sparse models are served as SPLADE",
     "CSRSparsity": "a sparse auto-encoder over dense embeddings (CSR); sparse models are served as SPLADE",
-    "LogitScore": "a causal language model's yes/no logits as a relevance score; not served yet",
     "WeightedLayerPooling": "pooling over every layer's states; only the last layer's are computed here",
     "CLIPModel": "sentence-transformers' CLIP wrapper; serve the CLIP folder it holds as kind image_text",
     "BoW": "a bag-of-words model without a transformer",
@@ -81,6 +82,7 @@ _CONFIG_KEYS = {
     "Dropout": {"dropout"},
     "SpladePooling": {"pooling_strategy", "activation_function", "embedding_dimension", "word_embedding_dimension"},
     "MultiVectorMask": {"skiplist_words", "skiplist_tasks", "keep_only_token_ids"},
+    "LogitScore": {"true_token_id", "false_token_id", "module_input_name"},
 }
 # The Transformer's own settings (its sentence_bert_config.json) the server reads, of
 # sentence-transformers 6 and of the releases before it.
@@ -147,8 +149,10 @@ def transformer_refusal(settings: dict, task: str) -> str | None:
         changing = sorted(set(settings.get(key) or {}) - neutral)
         if changing:
             return f"Transformer {key} {', '.join(changing)} is not served (they change what the model computes)"
-    if settings.get("processing_kwargs"):
-        return f"Transformer processing_kwargs {settings['processing_kwargs']} are not served"
+    processing = settings.get("processing_kwargs") or {}
+    # A causal reranker's chat template may take arguments (`chat_template_settings` reads them).
+    if set(processing) - ({"chat_template"} if task == "text-generation" else set()):
+        return f"Transformer processing_kwargs {processing} are not served"
     modality = settings.get("modality_config")
     if task == "feature-extraction" and modality not in (None, PLAIN_TEXT_MODALITY):
         return f"Transformer modality_config {modality} is not served (only {PLAIN_TEXT_MODALITY})"

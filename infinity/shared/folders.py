@@ -26,6 +26,11 @@ def num_labels(config: dict) -> int:
     return len(config.get("id2label") or {}) or int(config.get("num_labels", 2))
 
 
+def causal_lm(config: dict) -> bool:
+    """Whether a transformers config.json is a causal language model's (`*ForCausalLM`)."""
+    return any(a.endswith("ForCausalLM") for a in config.get("architectures") or [])
+
+
 def special_token(folder: Path, key: str) -> str | None:
     """A special token (`pad_token`, `mask_token`, ...) named in a folder's
     tokenizer_config.json: a string, or an object holding it."""
@@ -65,12 +70,18 @@ def engine_refusal(engine: str, outputs: Mapping[str, RawOutput], config: dict,
     kind asks (`infinity.shared.kinds.KindSpec.outputs`), or None: an output it does not
     compute (`ENGINE_OUTPUTS`); for any engine but torch, a model of the folder's own code;
     for a static-embedding model, any engine but the static one, and the reverse;
+    for any engine but torch, a causal language model scored as a reranker;
     for ONNX Runtime, a family its optimiser cannot fuse; for CTranslate2, a family its
     converter does not handle, or tokens whose states are read without being attended to
     (ColBERT's query expansion), which it cannot compute."""
     missing = lacking(engine, outputs)
     if missing:
         return f"the {engine} engine cannot compute {RAW_OUTPUT_MEANING[missing[0]]}"
+    # A causal reranker's logits are two rows of its language-model head at each pair's last
+    # token (`ModelSpec.score_tokens`): the converters and exports give a classifier's head.
+    if engine != "torch" and RawOutput.SEQUENCE_LOGITS in outputs.values() and causal_lm(config):
+        return (f"the {engine} engine computes a sequence classifier's logits; this reranker is a causal language "
+                "model scored by its token logits, which only the torch engine computes")
     # The converters and exports know transformers' own architectures: custom code may
     # convert wrongly or not at all, and a family name such a config keeps (jina's "bert")
     # says nothing of what its code computes.

@@ -31,6 +31,20 @@ from numpy.lib.format import descr_to_dtype, dtype_to_descr
 from infinity.shared.kinds import Kind
 
 
+class PairTemplate(msgspec.Struct, frozen=True):
+    """The text a causal language model scored as a reranker reads for a query-document
+    pair: `prefix`, the query, `infix`, the document, `suffix` (its prompt template, with
+    any instruction already in `prefix`), tokenized as one text."""
+
+    prefix: str
+    infix: str
+    suffix: str
+
+    def body(self, query: str, document: str) -> str:
+        """The pair's text before `suffix`: what a long document is cut in."""
+        return f"{self.prefix}{query}{self.infix}{document}"
+
+
 class TaskEncoding(msgspec.Struct, frozen=True):
     """How a multi-vector model tokenizes the inputs of one task ("query" or "document"),
     as its sentence-transformers folder says (the task's prompt is one of the model's
@@ -191,6 +205,12 @@ class ModelSpec(msgspec.Struct, frozen=True):
     # The folder's own modelling code may run (models.toml's trust_remote_code): passed to
     # every transformers loader of its files.
     trust_remote_code: bool = False
+    # A reranker that is a causal language model: its relevance logit is the logit of the
+    # first token here less that of the second (if any) at each pair's last token
+    # (sentence-transformers' LogitScore: "yes" and "no"); its pairs are read through
+    # `pair_template`. Empty: a sequence classifier's head gives the logits.
+    score_tokens: tuple[int, ...] = ()
+    pair_template: PairTemplate | None = None
 
     def prompt_for(self, role: str | None) -> str:
         """The prompt of inputs whose request names none, encoded as `role` ("query",

@@ -547,3 +547,60 @@ def save_tiny_decoder_embedder(folder: Path, family: str, seed: int = 0) -> Path
     SentenceTransformer(modules=[Transformer(str(decoder)), Pooling(32, "lasttoken"), Normalize()],
                         prompts=QWEN3_TINY_PROMPTS).save(str(folder))
     return folder
+
+
+# --- decoder rerankers: a causal language model scored by its "yes" and "no" logits -------
+
+# The tiny Qwen3-Reranker's template tokens: Qwen's chat markers and the empty reasoning block.
+RERANKER_SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>")
+# A chat template in sentence-transformers 6's shape for a causal CrossEncoder: the pair as
+# messages of roles "query" and "document" (flat content), with an instruction of its own
+# (so a served score that matches shows the folder's template was read, not the built-in one).
+CAUSAL_RERANKER_CHAT_TEMPLATE = (
+    "<|im_start|>system\nJudge whether the Document meets the requirements based on the Query and the Instruct "
+    "provided. Note that the answer can only be \"yes\" or \"no\".<|im_end|>\n<|im_start|>user\n"
+    "<Instruct>: Given a tiny query, find the tiny documents\n"
+    "<Query>: {{ messages | selectattr('role', 'eq', 'query') | map(attribute='content') | first }}\n"
+    "<Document>: {{ messages | selectattr('role', 'eq', 'document') | map(attribute='content') | first }}"
+    "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n")
+
+
+def save_tiny_causal_reranker(folder: Path, seed: int = 0) -> Path:
+    """Qwen3-Reranker's plain layout at a tiny size: a 2-layer Qwen3ForCausalLM (hidden 32,
+    untied output layer), its byte-level BPE trained so that "yes" and "no" are single
+    tokens, with Qwen's chat markers and think tags as special tokens; no modules.json.
+    Name the folder like a Qwen3-Reranker ("Qwen3-Reranker-0.6B") for it to be recognised."""
+    from tokenizers import decoders
+    from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=list(RERANKER_SPECIAL_TOKENS), show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tokenizer.train_from_iterator([" ".join(WORDS), "yes", "no", "yes no"] * 8, trainer)
+    PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+                            model_max_length=512).save_pretrained(folder)
+    config = Qwen3Config(vocab_size=tokenizer.get_vocab_size(), hidden_size=32, intermediate_size=64,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                         max_position_embeddings=512, tie_word_embeddings=False,
+                         pad_token_id=tokenizer.token_to_id("<|endoftext|>"),
+                         eos_token_id=tokenizer.token_to_id("<|im_end|>"))
+    torch.manual_seed(seed)
+    Qwen3ForCausalLM(config).eval().save_pretrained(folder)
+    return folder
+
+
+def save_tiny_logit_score_reranker(folder: Path, seed: int = 1) -> Path:
+    """sentence-transformers 6's layout of a causal reranker: the tiny Qwen3ForCausalLM with
+    `CAUSAL_RERANKER_CHAT_TEMPLATE`, loaded by `CrossEncoder` (which makes it a
+    text-generation Transformer and LogitScore on "yes" and "no") and saved by it."""
+    from sentence_transformers import CrossEncoder
+    from transformers import AutoTokenizer
+
+    plain = save_tiny_causal_reranker(folder.with_name(folder.name + "-causal-lm"), seed=seed)
+    tokenizer = AutoTokenizer.from_pretrained(str(plain))
+    tokenizer.chat_template = CAUSAL_RERANKER_CHAT_TEMPLATE
+    tokenizer.save_pretrained(str(plain))
+    CrossEncoder(str(plain), device="cpu").save(str(folder))
+    return folder

@@ -1,9 +1,11 @@
 """PyTorch engine: a transformers encoder with SDPA attention (where the architecture has
 it), padding-free for BERT-shaped encoders (BERT, RoBERTa, XLM-RoBERTa: `packed_bert`),
 ModernBERT (`packed_modernbert`) and Qwen2 / Qwen3 decoders (`packed_decoder`), with its
-sequence-classification or masked-language-model head where logits are asked;
-optionally through `torch.compile` (`compile = true`). In bfloat16 / float16 on a CPU its
-linear layers are prepacked for oneDNN (`workers.engines.onednn`)."""
+sequence-classification or masked-language-model head where logits are asked (or, for
+a causal language model scored as a reranker, its body and the rows of its output layer
+its score reads: `ModelSpec.score_tokens`); optionally through `torch.compile`
+(`compile = true`). In bfloat16 / float16 on a CPU its linear layers are prepacked for
+oneDNN (`workers.engines.onednn`)."""
 
 from __future__ import annotations
 
@@ -36,6 +38,27 @@ _PACKED_HEADS = {
     "ModernBertForSequenceClassification": ("model", packed_modernbert.classifier_logits),
     "ModernBertForMaskedLM": ("model", lambda model, hidden, mask: model.decoder(model.head(hidden))),
 }
+
+
+def _causal_scorer(spec: ModelSpec, dtype: torch.dtype) -> tuple[torch.nn.Module, torch.Tensor]:
+    """A causal language model's body, and the rows of its output layer for
+    `spec.score_tokens`: only those logits are read, so the projection on the whole
+    vocabulary is neither kept nor computed."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(spec.path, dtype=dtype, trust_remote_code=spec.trust_remote_code)
+    head = model.get_output_embeddings()
+    if getattr(head, "bias", None) is not None:
+        raise ValueError(f"{spec.path}: an output layer with a bias is not served for scoring by token logits")
+    return model.get_decoder(), head.weight[list(spec.score_tokens)].detach().clone()
+
+
+def _token_scores(rows: torch.Tensor, hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """(n, 1): at each input's last attended token (inputs are padded on the right), the
+    logit of the first scored token, less the second's if there is one."""
+    last = hidden[torch.arange(len(hidden), device=hidden.device), mask.sum(dim=1) - 1]
+    logits = last @ rows.T
+    return logits[:, :1] - logits[:, 1:] if len(rows) == 2 else logits
 
 
 def _padding_free(body: torch.nn.Module) -> PackedForward | None:
@@ -74,16 +97,24 @@ class TorchEngine:
             # (bench/results/gpu.md). The memory-efficient kernel needs no plan.
             torch.backends.cuda.enable_cudnn_sdp(False)
         self.on_caller_threads = self._device.type == "cpu"
+        # A causal reranker's scores: its body's states, then `_token_scores` (None: the model's own output).
+        self._token_scores: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
         # transformers picks SDPA attention where the architecture has it (MPNet has not).
-        self._model = auto_class(output, spec).from_pretrained(
-            spec.path, dtype=_DTYPES[spec.dtype], trust_remote_code=spec.trust_remote_code).to(self._device).eval()
+        if spec.score_tokens and output is RawOutput.SEQUENCE_LOGITS:
+            body_model, rows = _causal_scorer(spec, _DTYPES[spec.dtype])
+            self._model = body_model.to(self._device).eval()
+            rows = rows.to(self._device)
+            self._token_scores = lambda hidden, mask: _token_scores(rows, hidden, mask)
+        else:
+            self._model = auto_class(output, spec).from_pretrained(
+                spec.path, dtype=_DTYPES[spec.dtype], trust_remote_code=spec.trust_remote_code).to(self._device).eval()
         # A retrieval model hands its keyword arguments to its vision-language model, whose
         # attention may depend on the token types (PaliGemma's prefix).
         self._takes_token_types = "token_type_ids" in inspect.signature(
             getattr(self._model, "vlm", self._model).forward).parameters
         self.pad_id = pad_id(spec)
         body_name, self._head = _PACKED_HEADS.get(type(self._model).__name__, (None, None))
-        body = (self._model if output is RawOutput.TOKEN_STATES
+        body = (self._model if output is RawOutput.TOKEN_STATES or self._token_scores is not None
                 else getattr(self._model, body_name) if body_name else None)
         # The padding-free forward computes attended tokens only. It re-implements transformers'
         # own classes, known by name: a folder's own code may reuse those names (jina's
@@ -106,6 +137,8 @@ class TorchEngine:
         if self._packed is None:
             return self._padded(ids, mask, types)
         hidden = self._packed(ids, mask, types)
+        if self._token_scores is not None:
+            return self._token_scores(hidden, mask)
         return hidden if self._output is RawOutput.TOKEN_STATES else self._head(self._model, hidden, mask)
 
     @torch.inference_mode()
@@ -124,5 +157,7 @@ class TorchEngine:
         inputs = {"input_ids": ids, "attention_mask": mask}
         if self._takes_token_types:
             inputs["token_type_ids"] = types
+        if self._token_scores is not None:
+            return self._token_scores(model_output(self._model, inputs, RawOutput.TOKEN_STATES), mask)
         return model_output(self._model, inputs, self._output)
 

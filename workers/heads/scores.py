@@ -16,7 +16,8 @@ from infinity.shared.protocol import ModelSpec
 class ClassScores:
 
     def __init__(self, spec: ModelSpec, config: dict) -> None:
-        self.dim = num_labels(config)
+        # A causal reranker's engine gives one logit, its score tokens' (`ModelSpec.score_tokens`).
+        self.dim = 1 if spec.score_tokens else num_labels(config)
         id2label = config.get("id2label") or {}
         self.labels = [str(id2label.get(str(i), f"LABEL_{i}")) for i in range(self.dim)]
         saved = (config.get("sentence_transformers") or {}).get("activation_fn", "")

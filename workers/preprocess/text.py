@@ -107,8 +107,12 @@ class ModelTokenizer:
         # Pairs keep the query whole and cut the document, unless the query alone is too
         # long; then both sides are cut (longest first), as for single texts.
         self._pair_tokenizer = Tokenizer.from_str(self._tokenizer.to_str())
-        self._pair_segments = spec.kind == "rerank" and _feeds_token_types(spec)
+        self._pair_segments = spec.kind == "rerank" and spec.pair_template is None and _feeds_token_types(spec)
         self._untruncated = Tokenizer.from_str(self._tokenizer.to_str())
+        # A causal reranker's pairs are read through its template (`_templated_pairs`).
+        self._template = spec.pair_template
+        self._suffix = None if self._template is None else self._untruncated.encode(self._template.suffix,
+                                                                                    add_special_tokens=False)
         # Natural text holds max_length tokens in this many characters, most of the time.
         self._first_prefix = PREFIX_CHARS_PER_TOKEN * spec.max_length
         # Cut always: whether a long input is then kept cut, chunked or refused is the request's.
@@ -129,14 +133,14 @@ class ModelTokenizer:
             encodings = self._encode_pairs(query, documents)
             cut = [c or query_cut[0] for c in cut]
             if long_inputs == "chunk":
-                budget = self._spec.max_length - self._tokenizer.num_special_tokens_to_add(True) - self._tokens(query)
+                budget = self._document_room(query)
                 # Cohere's rule: a document is scored on its first max_chunks chunks.
                 chunking = _Chunking(budget, self._overlap(request), self._max_chunks(request), refuse_beyond=False)
                 encodings, truncated, chunks = self._chunked(
                     encodings, request.texts or [], cut, chunking, lambda spans: self._encode_pairs(query, spans))
             else:
                 truncated = self._truncated(encodings, cut, long_inputs, request.texts or [],
-                                            lambda document: self._tokens(query, document, special_tokens=True))
+                                            lambda document: self._pair_tokens(query, document))
             sequences = [e.ids for e in encodings]
             if self._pair_segments:
                 type_ids = np.fromiter(itertools.chain.from_iterable(e.type_ids for e in encodings),
@@ -283,7 +287,38 @@ class ModelTokenizer:
         last = self._spec.max_length - 1
         return len(words) > last and words[last] is not None and words[last] != words[-1]
 
+    def _document_room(self, query: str) -> int:
+        """Tokens left for a document beside `query` (and the special tokens or template)."""
+        if self._template is None:
+            return self._spec.max_length - self._tokenizer.num_special_tokens_to_add(True) - self._tokens(query)
+        assert self._suffix is not None
+        return self._spec.max_length - len(self._suffix.ids) - self._tokens(self._template.body(query, ""))
+
+    def _pair_tokens(self, query: str, document: str) -> int:
+        """How many tokens the pair makes, whole."""
+        if self._template is None:
+            return self._tokens(query, document, special_tokens=True)
+        assert self._suffix is not None
+        return self._tokens(self._template.body(query, document)) + len(self._suffix.ids)
+
+    def _templated_pairs(self, query: str, documents: list[str]) -> list[Encoding]:
+        """Each pair through the model's template, tokenized as one text (as its model card
+        or chat template does), no special token added; a pair longer than max_length cut
+        at the end of its text before the suffix (the document's end, and the query's too
+        if it alone leaves no room), the suffix kept whole: the model reads its answer
+        after it."""
+        assert self._template is not None and self._suffix is not None
+        bodies = self._untruncated.encode_batch_fast([self._template.body(query, document) for document in documents],
+                                                     add_special_tokens=False)
+        room = self._spec.max_length - len(self._suffix.ids)
+        for body in bodies:
+            if len(body.ids) > room:
+                body.truncate(room)
+        return [Encoding.merge([body, self._suffix], growing_offsets=False) for body in bodies]
+
     def _encode_pairs(self, query: str, documents: list[str]) -> list[Encoding]:
+        if self._template is not None:
+            return self._templated_pairs(query, documents)
         pairs = [(query, document) for document in documents]
         try:
             return self._pair_tokenizer.encode_batch_fast(pairs)
