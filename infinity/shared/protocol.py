@@ -183,6 +183,9 @@ class ModelSpec(msgspec.Struct, frozen=True):
     prompts: dict[str, str] = {}
     default_prompt_name: str | None = None
     pools_prompt: bool = True
+    # A reranker's or classifier's activation as its folder saved it ("none", "sigmoid"; "":
+    # none saved, the head's rule by its labels).
+    score_activation: str = ""
     # A sparse (SPLADE) model's activation of each token's logits before `pooling`:
     # "relu" is log(1 + relu(x)), "log1p_relu" log(1 + log(1 + relu(x))).
     sparse_activation: str = "relu"

@@ -198,3 +198,41 @@ def test_a_static_embedding_model_is_served_on_the_static_engine_alone(tmp_path,
         resolve_model(ModelConfig(name="m", source=folder, engine="torch"))
     with pytest.raises(ConfigError, match="static engine"):
         resolve_model(ModelConfig(name="m", engine="static"))
+
+
+def test_a_cross_encoders_saved_activation_is_read_wherever_its_library_saved_it(tmp_path):
+    from tests.support.tiny_models import save_tiny_cross_encoder
+    from tests.support.zoo import save_raw_score_cross_encoder
+
+    assert resolve_model(ModelConfig(name="m", source=str(save_tiny_cross_encoder(tmp_path / "plain")))
+                         ).score_activation == ""
+    assert resolve_model(ModelConfig(name="m", source=str(save_raw_score_cross_encoder(tmp_path / "st6")))
+                         ).score_activation == "none"
+    legacy = save_tiny_cross_encoder(tmp_path / "legacy")
+    config = json.loads((legacy / "config.json").read_text())
+    for activation, read in (("torch.nn.modules.linear.Identity", "none"), ("torch.nn.modules.activation.Tanh", None)):
+        (legacy / "config.json").write_text(json.dumps({**config, "sbert_ce_default_activation_function": activation}))
+        if read is None:
+            with pytest.raises(ConfigError, match="Tanh"):
+                resolve_model(ModelConfig(name="m", source=str(legacy)))
+        else:
+            assert resolve_model(ModelConfig(name="m", source=str(legacy))).score_activation == read
+
+
+def test_a_scoring_kind_forced_on_a_folder_without_its_head_fails_the_start(tmp_path):
+    from tests.support.tiny_models import save_tiny_bert
+
+    folder = str(save_tiny_bert(tmp_path / "bert"))
+    for kind in ("rerank", "classify"):
+        with pytest.raises(ConfigError, match="drawn at random"):
+            resolve_model(ModelConfig(name="m", source=folder, kind=kind))
+
+
+def test_a_cross_encoders_default_prompt_fails_the_start(tmp_path):
+    from tests.support.tiny_models import save_tiny_cross_encoder
+
+    folder = save_tiny_cross_encoder(tmp_path / "reranker")
+    (folder / "config_sentence_transformers.json").write_text(json.dumps(
+        {"prompts": {"query": "query: "}, "default_prompt_name": "query"}))
+    with pytest.raises(ConfigError, match="default prompt"):
+        resolve_model(ModelConfig(name="m", source=str(folder)))

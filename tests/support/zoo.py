@@ -200,9 +200,20 @@ def _family_scorer(family: str, num_labels: int) -> Callable[[Path], Path]:
     return lambda folder: save_tiny_family_model(folder, family, num_labels=num_labels)
 
 
+def save_raw_score_cross_encoder(folder: Path) -> Path:
+    """A BERT cross-encoder saved by sentence-transformers 6 with the identity as its
+    activation (config_sentence_transformers.json's `activation_fn`): its scores are logits."""
+    from sentence_transformers import CrossEncoder
+
+    encoder = save_tiny_family_model(folder.with_name(folder.name + "-bert"), "bert", num_labels=1)
+    CrossEncoder(str(encoder), activation_fn=torch.nn.Identity()).save(str(folder))
+    return folder
+
+
 # Cross-encoders and classifiers: held to sentence-transformers' CrossEncoder.predict.
 SCORERS: dict[str, Callable[[Path], Path]] = {
     "bert-cross-encoder": _family_scorer("bert", 1),
+    "bert-cross-encoder-logits": save_raw_score_cross_encoder,
     "xlm-roberta-cross-encoder": _family_scorer("xlm-roberta", 1),
     "deberta-v2-cross-encoder": _family_scorer("deberta-v2", 1),
     "electra-cross-encoder": _family_scorer("electra", 1),

@@ -20,10 +20,9 @@ class ClassScores:
         self.dim = 1 if spec.score_tokens else num_labels(config)
         id2label = config.get("id2label") or {}
         self.labels = [str(id2label.get(str(i), f"LABEL_{i}")) for i in range(self.dim)]
-        saved = (config.get("sentence_transformers") or {}).get("activation_fn", "")
-        if saved.endswith("Identity"):
-            self.activation = "none"
-        elif saved.endswith("Sigmoid") or self.dim == 1 or config.get("problem_type") == "multi_label_classification":
+        if spec.score_activation:
+            self.activation = spec.score_activation
+        elif self.dim == 1 or config.get("problem_type") == "multi_label_classification":
             self.activation = "sigmoid"
         else:
             self.activation = "softmax"
