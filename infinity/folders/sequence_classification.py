@@ -25,7 +25,7 @@ def settings(model: ModelConfig, folder: ModelFolder, kind: str) -> dict:
         if kind != "rerank":
             raise ConfigError(f"model '{model.name}': a causal language model is served as a reranker (kind "
                               f"'rerank'), not as kind '{kind}'")
-        return causal_scores.settings(model, folder)
+        return {**causal_scores.settings(model, folder), "score_activation": _saved_activation(model, folder)}
     if folder.count("LogitScore"):
         raise ConfigError(f"model '{model.name}': LogitScore reads a causal language model's logits; "
                           f"{folder.transformer} holds none")
