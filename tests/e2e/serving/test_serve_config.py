@@ -112,7 +112,7 @@ def test_env_and_flag_set_other_keys(start_server):
     ("[server]\nmax_queued_items = 0\n", "max_queued_items"),
     ("[server]\nurl_prefix = \"embed/\"\n", "url_prefix"),
     ("[server]\nlog_level = \"loud\"\n", "log_level"),
-    ("[[models]]\npooling = \"max\"\n", "pooling"),
+    ("[[models]]\npooling = \"median\"\n", "pooling"),
     ("[[models]]\ncolour = \"red\"\n", "colour"),
     ("[[models]]\nmax_length = 1\n", "max_length"),
     ("[[models]]\nname = \"a\"\n[[models]]\nname = \"a\"\n", "name"),
