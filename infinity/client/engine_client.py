@@ -626,11 +626,14 @@ def _tokenized_here(inputs: ModelInputs, idle: bool, crowded: bool = False) -> b
 
 def _vector_types(model: ServedModel, inputs: ModelInputs) -> list[str]:
     """The outputs a request asks of `model`: for a hybrid model, those `inputs` name, else
-    its first (a dense vector, as routes that know no types answer); for other kinds, the
-    token states where `inputs` name them (`protocol.TOKEN_STATES`), else nothing (a type
+    its first (a dense vector, as routes that know no types answer); for queries of a
+    model with a static query side, that side's weights (`protocol.QUERY_ROUTE`); for
+    other kinds, the token states where `inputs` name them (`protocol.TOKEN_STATES`), else nothing (a type
     that names their one output, as "sparse" of a sparse model, asks nothing more)."""
     if model.kind.vector_types:
         return list(inputs.vector_types or model.kind.vector_types[:1])
+    if model.spec.query_weights is not None and inputs.task == "query":
+        return [protocol.QUERY_ROUTE]
     return [protocol.TOKEN_STATES] if protocol.TOKEN_STATES in inputs.vector_types else []
 
 

@@ -33,16 +33,17 @@ SERVED: dict[str, str] = {
     "MultiVectorMask": "a multi-vector model's skipped tokens (kind multivector)",
     "LogitScore": "a causal language model's logit of its true token less its false one's at the last token, as a "
                   "reranker's relevance (kind rerank)",
+    "Router": "an inference-free sparse model's routes: its queries weighed by their tokens alone "
+              "(SparseStaticEmbedding), its documents by its SPLADE encoder",
+    "SparseStaticEmbedding": "an inference-free sparse model's query side, under a Router",
 }
 
 # Why each module class the server does not run is refused, by class name.
 REFUSED: dict[str, str] = {
     "Module": "the library's abstract base class, not a module of a saved model",
     "InputModule": "the library's abstract base class, not a module of a saved model",
-    "Router": "separate modules for queries and documents; serve each side as its own model",
-    "Asym": "separate modules for queries and documents; serve each side as its own model",
-    "SparseStaticEmbedding": "inference-free sparse weights, one per vocabulary token; sparse models are served "
-                             "as SPLADE (an MLMTransformer and SpladePooling)",
+    "Asym": "sentence-transformers' earlier layout of separate modules for queries and documents; save the model "
+            "again with sentence-transformers 5 or later (a Router)",
     "SparseAutoEncoder": "a sparse auto-encoder over dense embeddings (CSR); sparse models are served as SPLADE",
     "CSRSparsity": "a sparse auto-encoder over dense embeddings (CSR); sparse models are served as SPLADE",
     "WeightedLayerPooling": "pooling over every layer's states; only the last layer's are computed here",
@@ -82,6 +83,7 @@ _CONFIG_KEYS = {
     "Dropout": {"dropout"},
     "SpladePooling": {"pooling_strategy", "activation_function", "embedding_dimension", "word_embedding_dimension"},
     "MultiVectorMask": {"skiplist_words", "skiplist_tasks", "keep_only_token_ids"},
+    "SparseStaticEmbedding": {"frozen"},
     "LogitScore": {"true_token_id", "false_token_id", "module_input_name"},
 }
 # The Transformer's own settings (its sentence_bert_config.json) the server reads, of
@@ -103,6 +105,7 @@ class DeclaredModule:
     name: str  # its class (the last dotted part of its type; sentence-transformers 5's MLMTransformer kept)
     type: str  # as modules.json writes it
     path: Path  # its folder
+    route: str | None = None  # the route of a Router it runs on ("query", "document"); None: every input's
 
     def config(self) -> dict:
         """Its config.json (none: empty)."""
@@ -111,13 +114,46 @@ class DeclaredModule:
 
 
 def declared_modules(folder: Path) -> tuple[DeclaredModule, ...]:
-    """The modules of `folder`'s modules.json in order (none: empty); a module of another
-    package than sentence-transformers (custom code) or one `REFUSED` fails the start."""
+    """The modules of `folder`'s modules.json in order (none: empty), a Router's by route
+    (`routed_modules`); a module of another package than sentence-transformers (custom
+    code) or one `REFUSED` fails the start."""
     path = folder / "modules.json"
     if not path.is_file():
         return ()
+    entries = json.loads(path.read_text())
+    if any(entry["type"].rsplit(".", 1)[-1] == "Router" for entry in entries):
+        if len(entries) != 1:
+            raise ConfigError(f"{folder}: modules beside a Router are not served")
+        return routed_modules(folder / entries[0].get("path", ""))
+    return _read_entries(folder, entries)
+
+
+# The Routers served: queries and documents each their own route, documents by default
+# (`Router.for_query_document`), as a request's task picks them.
+_ROUTES = ("query", "document")
+
+
+def routed_modules(folder: Path) -> tuple[DeclaredModule, ...]:
+    """A Router's modules (its router_config.json), each marked with its route; only a
+    Router of a query route and a document route, documents by default, is served."""
+    config = json.loads((folder / "router_config.json").read_text())
+    structure, parameters = config.get("structure") or {}, config.get("parameters") or {}
+    mappings = parameters.get("route_mappings") or {}
+    if sorted(structure) != sorted(_ROUTES) or parameters.get("default_route") != "document" or mappings:
+        raise ConfigError(f"{folder}: a Router is served with a query route and a document route, documents by "
+                          f"default, picked by task; this one has routes {sorted(structure)}, default "
+                          f"{parameters.get('default_route')!r}, route_mappings {mappings}")
+    declared: list[DeclaredModule] = []
+    for route in _ROUTES:
+        entries = [{"type": config["types"][name], "path": name} for name in structure[route]]
+        declared += [DeclaredModule(module.name, module.type, module.path, route)
+                     for module in _read_entries(folder, entries)]
+    return tuple(declared)
+
+
+def _read_entries(folder: Path, entries: list[dict]) -> tuple[DeclaredModule, ...]:
     declared = []
-    for entry in json.loads(path.read_text()):
+    for entry in entries:
         kind = entry["type"]
         name = FOREIGN.get(kind) or kind.rsplit(".", 1)[-1]
         if not kind.startswith("sentence_transformers.") and kind not in FOREIGN:

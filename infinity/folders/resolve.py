@@ -65,6 +65,9 @@ def resolve_model(model: ModelConfig, cpu_bfloat16: bool = False) -> ModelSpec:
     folder = ModelFolder(root, declared, transformer, config, _max_length(transformer, model.max_length))
     kind = detect_kind(folder) if model.kind == "auto" else model.kind
     kind_reader = reader(kind)
+    if any(module.route for module in declared) and kind != "sparse":
+        raise ConfigError(f"model '{model.name}': a Router is served for inference-free sparse models (kind 'sparse'), "
+                          f"not for kind '{kind}'")
     unread = [module.name for module in declared if module.name not in kind_reader.MODULES]
     if unread:
         raise ConfigError(f"model '{model.name}': sentence-transformers module {unread[0]} is not served for a model "

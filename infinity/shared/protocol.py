@@ -61,6 +61,10 @@ class TaskEncoding(msgspec.Struct, frozen=True):
     # Tokens a prompt starts with that the tokenizer must keep whole (older ColBERT
     # layouts inserted them as tokens in training; as text they would split).
     markers: list[str] = []
+    # The folder of the tokenizer that encodes the task's inputs, where not the model's (a
+    # Router's route), and whether it adds its special tokens.
+    tokenizer: str | None = None
+    special_tokens: bool = True
 
     @property
     def adds_unattended_tokens(self) -> bool:
@@ -186,6 +190,10 @@ class ModelSpec(msgspec.Struct, frozen=True):
     # A reranker's or classifier's activation as its folder saved it ("none", "sigmoid"; "":
     # none saved, the head's rule by its labels).
     score_activation: str = ""
+    # An inference-free sparse model's query side (a Router's SparseStaticEmbedding): the
+    # folder of its weight per vocabulary entry. Its queries (`tasks["query"]`) are weighed
+    # by the tokens they hold, with no pass of the model (`QUERY_ROUTE`).
+    query_weights: str | None = None
     # A sparse (SPLADE) model's activation of each token's logits before `pooling`:
     # "relu" is log(1 + relu(x)), "log1p_relu" log(1 + log(1 + relu(x))).
     sparse_activation: str = "relu"
@@ -447,6 +455,9 @@ class Infer(msgspec.Struct, tag=True, array_like=True):
 # The output a pooling model gives instead of its vectors where an `Infer` asks for it: each
 # input's last hidden states, (tokens, hidden) float32, a row per attended token (late chunking).
 TOKEN_STATES = "token_states"
+# The output a model with a static query side gives for an `Infer` of queries: each input's
+# weights from its tokens alone, no pass of the model (`ModelSpec.query_weights`).
+QUERY_ROUTE = "query_route"
 
 
 class Cancel(msgspec.Struct, tag=True, array_like=True):

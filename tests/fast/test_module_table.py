@@ -236,3 +236,55 @@ def test_a_cross_encoders_default_prompt_fails_the_start(tmp_path):
         {"prompts": {"query": "query: "}, "default_prompt_name": "query"}))
     with pytest.raises(ConfigError, match="default prompt"):
         resolve_model(ModelConfig(name="m", source=str(folder)))
+
+
+def test_an_inference_free_router_is_read_as_a_sparse_model_with_a_static_query_side(tmp_path):
+    from tests.support.tiny_models import save_inference_free_sparse, save_tiny_masked_lm
+
+    folder = save_inference_free_sparse(tmp_path / "inference-free", save_tiny_masked_lm(tmp_path / "mlm"))
+    spec = resolve_model(ModelConfig(name="m", source=str(folder)))
+    assert (spec.kind, Path(spec.query_weights).name) == ("sparse", "query_0_SparseStaticEmbedding")
+    assert not spec.tasks["query"].special_tokens and spec.tasks["query"].tokenizer == spec.query_weights
+    assert spec.tasks["document"].tokenizer is None and Path(spec.path).name == "document_0_Transformer"
+    config = json.loads((folder / "router_config.json").read_text())
+    for change, names in (({"default_route": "query"}, "default 'query'"),
+                          ({"route_mappings": {"('query', None)": "document"}}, "route_mappings")):
+        (folder / "router_config.json").write_text(json.dumps({**config, "parameters": {
+            **config["parameters"], **change}}))
+        with pytest.raises(ConfigError, match=names):
+            resolve_model(ModelConfig(name="m", source=str(folder)))
+
+
+def test_queries_of_a_static_query_side_skip_the_pass_and_keep_their_place_in_the_batch():
+    import numpy as np
+
+    from infinity.shared.protocol import QUERY_ROUTE
+    from workers.heads import LoadedModel
+
+    class Engine:
+        passed: list[list[int]] = []
+
+        def forward(self, input_ids, attention_mask, token_type_ids, wide=False, express=False):  # noqa: ANN001, ANN201
+            import torch
+
+            self.passed.append(input_ids[:, 0].tolist())
+            return torch.from_numpy(input_ids.astype(np.float32))[..., None]
+
+    class Head:
+        def __call__(self, raw, mask):  # noqa: ANN001, ANN201
+            return [np.array([f"passed {int(row[0, 0])}"]) for row in raw]
+
+        def route_queries(self, input_ids, attention_mask):  # noqa: ANN001, ANN201
+            return [np.array([f"routed {row[0]}"]) for row in input_ids]
+
+    engine = Engine()
+    model = LoadedModel(engine, Head(), "float32")
+    ids = np.array([[1, 0], [2, 0], [3, 0], [4, 0]])
+    types = [(QUERY_ROUTE,), (), (QUERY_ROUTE,), ()]
+    outputs = model.forward(ids, np.ones_like(ids), np.zeros_like(ids), vector_types=types)
+    assert [str(output[QUERY_ROUTE][0]) if isinstance(output, dict) else str(output[0]) for output in outputs] == [
+        "routed 1", "passed 2", "routed 3", "passed 4"]
+    assert engine.passed == [[2, 4]]
+    model.forward(ids[[0, 2]], np.ones((2, 2), dtype=np.int64), np.zeros((2, 2), dtype=np.int64),
+                  vector_types=[(QUERY_ROUTE,), (QUERY_ROUTE,)])
+    assert engine.passed == [[2, 4]]  # a batch of queries alone runs no pass

@@ -331,6 +331,25 @@ def save_tiny_sparse(folder: Path, seed: int = 0, pooling: str = "max", activati
 
 # --- image-text (CLIP, SigLIP) -----------------------------------------------------------------
 
+def save_inference_free_sparse(folder: Path, masked_lm: Path) -> Path:
+    """An inference-free SPLADE as sentence-transformers builds one: a Router whose query
+    route is a SparseStaticEmbedding (random positive weights, a few zero) and whose
+    document route, the default, is the masked language model and SpladePooling."""
+    from sentence_transformers import SparseEncoder
+    from sentence_transformers.sparse_encoder.modules import (Router, SparseStaticEmbedding, SpladePooling,
+                                                              Transformer)
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(masked_lm)
+    generator = torch.Generator().manual_seed(3)
+    weights = torch.rand(len(tokenizer.get_vocab()), generator=generator) * 3
+    weights[::7] = 0
+    router = Router.for_query_document(
+        query_modules=[SparseStaticEmbedding(tokenizer, weight=weights)],
+        document_modules=[Transformer(str(masked_lm), transformer_task="fill-mask"), SpladePooling("max")])
+    SparseEncoder(modules=[router]).save(str(folder))
+    return folder
+
 def save_tiny_clip(folder: Path, seed: int = 0) -> Path:
     """A CLIP of two 2-layer towers (hidden 32, projection 16; 32x32 images in 8x8
     patches) over the tiny WordPiece tokenizer, whose [SEP] is the text tower's EOS (where

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from infinity.shared.kinds import KINDS
-from infinity.shared.protocol import TOKEN_STATES, ModelSpec
+from infinity.shared.protocol import QUERY_ROUTE, TOKEN_STATES, ModelSpec
 from workers.engines import load_engine
 from workers.engines.base import Engine, model_config
 from workers.heads.base import Head
@@ -46,7 +46,13 @@ class LoadedModel:
         `wide`, `express`: the engine's pass to run it on; `vector_types`: the outputs each
         input wants of a head that computes several (None: all of them, as a warm-up runs),
         or, of a head of one output, `TOKEN_STATES` where an input wants its token states
-        (every attended token's) instead of the head's output: a dict of them for that input."""
+        (every attended token's) instead of the head's output: a dict of them for that
+        input, and `QUERY_ROUTE` where a query takes a static query side (the head's
+        `route_queries`), which no pass computes: its rows do not run through the engine."""
+        routed = [row for row, types in enumerate(vector_types or []) if QUERY_ROUTE in types]
+        if routed:
+            return self._with_routed_queries(routed, input_ids, attention_mask, token_type_ids, wide, read_mask,
+                                             express, vector_types or [])
         raw = self.engine.forward(input_ids, attention_mask, token_type_ids, wide=wide, express=express)
         mask = torch.from_numpy(attention_mask if read_mask is None else read_mask).to(raw.device)
         if not self.vector_types:
@@ -57,6 +63,22 @@ class LoadedModel:
             return [{TOKEN_STATES: states[row]} if TOKEN_STATES in types else outputs[row]
                     for row, types in enumerate(vector_types or [])]
         return self.head(raw, mask, input_ids, vector_types or [self.vector_types] * len(input_ids))
+
+    def _with_routed_queries(self, routed: list[int], input_ids: np.ndarray, attention_mask: np.ndarray,
+                             token_type_ids: np.ndarray, wide: bool, read_mask: np.ndarray | None, express: bool,
+                             vector_types: list[tuple[str, ...]]) -> list[np.ndarray | dict[str, np.ndarray]]:
+        """`forward` of a batch some of whose rows are queries of a static query side: those
+        weighed by the head alone, the others through the engine."""
+        queries = self.head.route_queries(input_ids[routed], attention_mask[routed])
+        outputs: list[np.ndarray | dict[str, np.ndarray]] = [{QUERY_ROUTE: weights} for weights in queries]
+        rows = [row for row in range(len(input_ids)) if row not in set(routed)]
+        if rows:
+            passed = self.forward(input_ids[rows], attention_mask[rows], token_type_ids[rows], wide=wide,
+                                  read_mask=None if read_mask is None else read_mask[rows], express=express,
+                                  vector_types=[vector_types[row] for row in rows])
+            outputs += list(passed)
+        order = routed + rows
+        return [outputs[order.index(row)] for row in range(len(input_ids))]
 
     @torch.inference_mode()
     def forward_media(self, arrays: Mapping[str, np.ndarray]) -> np.ndarray | list[np.ndarray]:

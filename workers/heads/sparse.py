@@ -6,10 +6,13 @@ index, as records of an exact int32 index and a float32 value (`ENTRY`)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import torch
 
 from infinity.shared.protocol import ModelSpec
+from workers.heads.chain import module_weights
 
 ENTRY = np.dtype([("index", "<i4"), ("value", "<f4")])
 
@@ -22,6 +25,24 @@ class SparseWeights:
         self.labels: list[str] = []
         self._pooling = spec.pooling
         self._twice = spec.sparse_activation == "log1p_relu"
+        # An inference-free model's weight per vocabulary entry for its queries.
+        self._query_weights = (None if spec.query_weights is None
+                               else module_weights(Path(spec.query_weights))["weight"].numpy())
+        if self._query_weights is not None and len(self._query_weights) != self.dim:
+            raise ValueError(f"{spec.query_weights}: {len(self._query_weights)} query weights for a vocabulary of "
+                             f"{self.dim}")
+
+    def route_queries(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> list[np.ndarray]:
+        """Queries of an inference-free model, weighed as sentence-transformers'
+        SparseStaticEmbedding weighs them: each vocabulary entry a query holds (once or
+        more) has its weight, the others none; (n, longest) ids and mask, right-padded."""
+        assert self._query_weights is not None, "a model without a static query side"
+        entries = []
+        for ids, mask in zip(input_ids, attention_mask, strict=True):
+            held = np.unique(ids[mask.astype(bool)])
+            weights = self._query_weights[held]
+            entries.append(entries_of(held[weights != 0], weights[weights != 0]))
+        return entries
 
     def __call__(self, raw: torch.Tensor, attention_mask: torch.Tensor) -> list[np.ndarray]:
         lengths = attention_mask.sum(dim=1).tolist()

@@ -39,13 +39,18 @@ def model_tokenizer(spec: ModelSpec) -> "ModelTokenizer | TaskTokenizer":
     return TaskTokenizer(spec) if spec.tasks else ModelTokenizer(spec)
 
 
-def load_tokenizer(spec: ModelSpec, markers: Sequence[str] = ()) -> Tokenizer:
-    """The model's fast tokenizer, without padding or truncation; `markers` kept whole."""
-    path = Path(spec.path) / "tokenizer.json"
-    if path.is_file() and not _sets_special_tokens(spec):
+def load_tokenizer(spec: ModelSpec, markers: Sequence[str] = (), encoding: protocol.TaskEncoding | None = None
+                   ) -> Tokenizer:
+    """The model's fast tokenizer (or the one a task's `encoding` names, with or without
+    its special tokens), without padding or truncation; `markers` kept whole."""
+    folder = (encoding.tokenizer if encoding is not None else None) or spec.path
+    path = Path(folder) / "tokenizer.json"
+    if path.is_file() and not _sets_special_tokens(folder):
         tokenizer = Tokenizer.from_file(str(path))
     else:  # sentencepiece-only folders, or special tokens set beside tokenizer.json: transformers' reading
-        tokenizer = _transformers_tokenizer(spec)
+        tokenizer = _transformers_tokenizer(spec, folder)
+    if encoding is not None and not encoding.special_tokens:
+        tokenizer.post_processor = None
     tokenizer.no_padding()
     tokenizer.no_truncation()
     if markers:
@@ -58,21 +63,21 @@ def load_tokenizer(spec: ModelSpec, markers: Sequence[str] = ()) -> Tokenizer:
 _SPECIAL_TOKEN_KEYS = ("add_bos_token", "add_eos_token")
 
 
-def _sets_special_tokens(spec: ModelSpec) -> bool:
-    path = Path(spec.path) / "tokenizer_config.json"
+def _sets_special_tokens(folder: str) -> bool:
+    path = Path(folder) / "tokenizer_config.json"
     return path.is_file() and any(key in json.loads(path.read_text()) for key in _SPECIAL_TOKEN_KEYS)
 
 
-def _transformers_tokenizer(spec: ModelSpec) -> Tokenizer:
+def _transformers_tokenizer(spec: ModelSpec, folder: str) -> Tokenizer:
     """The fast tokenizer transformers builds from the folder, after checking that it
     encodes a text as transformers' own tokenizer does (which adds the special tokens
     `_SPECIAL_TOKEN_KEYS` ask); a folder where it does not is refused naming them."""
     from transformers import AutoTokenizer
 
-    loaded = AutoTokenizer.from_pretrained(spec.path, use_fast=True, trust_remote_code=spec.trust_remote_code)
+    loaded = AutoTokenizer.from_pretrained(folder, use_fast=True, trust_remote_code=spec.trust_remote_code)
     probe = "probe text"
     if loaded.backend_tokenizer.encode(probe).ids != loaded(probe)["input_ids"]:
-        raise ValueError(f"{spec.path}: transformers adds special tokens its fast tokenizer does not "
+        raise ValueError(f"{folder}: transformers adds special tokens its fast tokenizer does not "
                          f"({', '.join(_SPECIAL_TOKEN_KEYS)} in tokenizer_config.json); not served")
     return loaded.backend_tokenizer
 
@@ -97,10 +102,11 @@ class ModelTokenizer:
     `max_length` tokens, which are exactly those of the whole text (see `_readable`).
     """
 
-    def __init__(self, spec: ModelSpec, markers: Sequence[str] = ()) -> None:
-        """`markers`: tokens a prompt starts with, kept whole (`TaskEncoding.markers`)."""
+    def __init__(self, spec: ModelSpec, encoding: protocol.TaskEncoding | None = None) -> None:
+        """`encoding`: a task's (`ModelSpec.tasks`): the tokens a prompt starts with, kept
+        whole (`TaskEncoding.markers`), and the task's own tokenizer where it has one."""
         self._spec = spec
-        self._tokenizer = load_tokenizer(spec, markers)
+        self._tokenizer = load_tokenizer(spec, encoding.markers if encoding is not None else (), encoding)
         config = json.loads((Path(spec.path) / "config.json").read_text())
         # A two-tower model's vocabulary is its text tower's.
         self._vocab_size = int(config.get("vocab_size") or config["text_config"]["vocab_size"])
@@ -391,7 +397,7 @@ class TaskTokenizer:
 
     def __init__(self, spec: ModelSpec) -> None:
         self._tasks = {task: (encoding, ModelTokenizer(msgspec.structs.replace(
-                           spec, tasks={}, max_length=encoding.max_length or spec.max_length), encoding.markers))
+                           spec, tasks={}, max_length=encoding.max_length or spec.max_length), encoding))
                        for task, encoding in spec.tasks.items()}
 
     def tokenize(self, request: protocol.Tokenize) -> protocol.Tokenized | protocol.LookedUp:

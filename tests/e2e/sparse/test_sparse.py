@@ -4,7 +4,8 @@ engines, against sentence-transformers' own `encode_document` on the same folder
 same indices, values within 1e-5), alone and inside batches of other lengths; TEI's
 `/embed_sparse` and the sparse items of `/v1/embeddings` (through the official `openai`
 client too), `top_k` and the model's own max_active_dims, usage in tokens, and the 4xx
-answers to what a sparse model cannot give. One server serves every model."""
+answers to what a sparse model cannot give; an inference-free model's queries weighed by
+their tokens alone and its documents by SPLADE. One server serves every model."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from infinity.config import ConfigError, ModelConfig
 from infinity.folders.resolve import resolve_model
 from tests.support.answers import assert_error
 from tests.support.server import running_server
-from tests.support.tiny_models import save_tiny_bert, save_tiny_sparse, scoring_text
+from tests.support.tiny_models import save_inference_free_sparse, save_tiny_bert, save_tiny_sparse, scoring_text
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -27,6 +28,7 @@ SPLADE = "tiny-splade"  # max of log(1 + relu), engine "auto" (ONNX here)
 SUMMED = "tiny-splade-sum"  # sum of log(1 + log(1 + relu)), max_active_dims, MLMTransformer, torch
 PLAIN = "tiny-masked-lm"  # a plain BertForMaskedLM folder with kind = "sparse", torch (padding-free BERT)
 DENSE = "tiny-dense"
+INFERENCE_FREE = "tiny-inference-free"  # a Router: SparseStaticEmbedding for queries, SPLADE for documents
 MAX_ACTIVE_DIMS = 12
 MAX_LENGTH = 64  # the tiny tokenizer's model_max_length
 
@@ -41,7 +43,9 @@ def folders(tmp_path_factory) -> dict[str, object]:
                                  max_active_dims=MAX_ACTIVE_DIMS, legacy_module=True),
         PLAIN: root / "splade-mlm",  # the masked language model under SPLADE's folder
         DENSE: save_tiny_bert(root / "dense"),
+        INFERENCE_FREE: save_inference_free_sparse(root / "inference-free", root / "splade-mlm"),
     }
+
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +53,8 @@ def sparse_server(folders, tmp_path_factory):
     config = (f'[[models]]\nname = "{SPLADE}"\nsource = "{folders[SPLADE]}"\n'
               f'[[models]]\nname = "{SUMMED}"\nsource = "{folders[SUMMED]}"\nengine = "torch"\n'
               f'[[models]]\nname = "{PLAIN}"\nsource = "{folders[PLAIN]}"\nkind = "sparse"\nengine = "torch"\n'
-              f'[[models]]\nname = "{DENSE}"\nsource = "{folders[DENSE]}"\nengine = "torch"\n')
+              f'[[models]]\nname = "{DENSE}"\nsource = "{folders[DENSE]}"\nengine = "torch"\n'
+              f'[[models]]\nname = "{INFERENCE_FREE}"\nsource = "{folders[INFERENCE_FREE]}"\nengine = "torch"\n')
     log_dir = tmp_path_factory.mktemp("sparse-server")
     with running_server(config=config, log_dir=log_dir, env={"INFINITY_CACHE_DIR": str(log_dir / "cache")}) as proc:
         yield proc
@@ -237,9 +242,10 @@ def test_the_contract_lists_embed_sparse_and_the_sparse_models(sparse_server):
     validate(document, cls=OpenAPIV31SpecValidator)
     assert {"/embed_sparse", "/v1/embed_sparse"} <= set(document["paths"])
     schemas = document["components"]["schemas"]
-    assert schemas["SparseEmbedRequest"]["properties"]["model"]["anyOf"][0]["enum"] == [SPLADE, SUMMED, PLAIN]
+    assert schemas["SparseEmbedRequest"]["properties"]["model"]["anyOf"][0]["enum"] == [SPLADE, SUMMED, PLAIN,
+                                                                                     INFERENCE_FREE]
     assert set(schemas["EmbeddingRequest"]["properties"]["model"]["anyOf"][0]["enum"]) == {
-        SPLADE, SUMMED, PLAIN, DENSE}
+        SPLADE, SUMMED, PLAIN, DENSE, INFERENCE_FREE}
     answer = document["paths"]["/embed_sparse"]["post"]["responses"]["200"]["content"]["application/json"]
     assert schemas[answer["schema"]["$ref"].rsplit("/", 1)[-1]]["type"] == "array"
 
@@ -295,25 +301,52 @@ def test_kind_sparse_needs_a_masked_language_model_head(folders):
 
 
 def test_sparse_encoder_modules_that_are_not_served_fail_the_start(folders, tmp_path):
-    """An inference-free SPLADE (a Router with SparseStaticEmbedding for queries) and a
-    SparseAutoEncoder over dense embeddings are refused by name."""
-    from sentence_transformers import SparseEncoder
+    """A SparseAutoEncoder over dense embeddings, and a Router whose routes are not an
+    inference-free model's (a dense model's), are refused by name."""
+    from sentence_transformers import SentenceTransformer, SparseEncoder
     from sentence_transformers.sentence_transformer.modules import Pooling
-    from sentence_transformers.sparse_encoder.modules import (Router, SparseAutoEncoder, SparseStaticEmbedding,
-                                                              SpladePooling, Transformer)
-    from transformers import AutoTokenizer
+    from sentence_transformers.sparse_encoder.modules import Router, SparseAutoEncoder, Transformer
 
-    masked_lm = str(folders[PLAIN])
-    static = SparseStaticEmbedding(AutoTokenizer.from_pretrained(masked_lm))
-    inference_free = Router.for_query_document(
-        query_modules=[static], document_modules=[Transformer(masked_lm, transformer_task="fill-mask"),
-                                                  SpladePooling("max")])
-    SparseEncoder(modules=[inference_free]).save(str(tmp_path / "inference-free"))
     SparseEncoder(modules=[Transformer(str(folders[DENSE])), Pooling(32, "mean"),
                            SparseAutoEncoder(input_dim=32, hidden_dim=64, k=8)]).save(str(tmp_path / "csr"))
-    for folder, reason in (("inference-free", "Router"), ("csr", "SparseAutoEncoder")):
+    dense = str(folders[DENSE])
+    SentenceTransformer(modules=[Router.for_query_document(
+        query_modules=[Transformer(dense), Pooling(32, "cls")],
+        document_modules=[Transformer(dense), Pooling(32, "mean")])]).save(str(tmp_path / "dense-router"))
+    for folder, reason in (("csr", "SparseAutoEncoder"), ("dense-router", "Router is served for inference-free")):
         with pytest.raises(ConfigError, match=reason):
             resolve_model(ModelConfig(name="x", source=str(tmp_path / folder)))
+
+
+def test_an_inference_free_model_weighs_queries_by_their_tokens_and_documents_by_splade(sparse_server, folders):
+    """Queries (`input_type` query) as sentence-transformers' encode_query gives them, with
+    no pass of the model; documents (named so, or by default, and on TEI's route) as its
+    encode_document; a batch of queries of several lengths alone and together agree."""
+    from sentence_transformers import SparseEncoder
+
+    reference = SparseEncoder(str(folders[INFERENCE_FREE]), device="cpu")
+    queries, documents = _texts(11, 5) + ["word " * 80], _texts(12, 4)
+    expected = {"query": reference.encode_query(queries, convert_to_sparse_tensor=False).numpy(),
+                "document": reference.encode_document(documents, convert_to_sparse_tensor=False).numpy()}
+
+    def embedded(texts, **fields):
+        answer = sparse_server.post("/v1/embeddings", {"model": INFERENCE_FREE, "input": texts, **fields})
+        assert answer.status_code == 200, answer.text
+        return [[{"index": i, "value": v} for i, v in zip(item["embedding"]["indices"], item["embedding"]["values"])]
+                for item in answer.json()["data"]]
+
+    for served, wanted in zip(embedded(queries, input_type="query"), expected["query"], strict=True):
+        _assert_matches(served, wanted)
+    alone = embedded(queries[1], input_type="query")[0]
+    _assert_matches(alone, expected["query"][1])
+    for answer in (embedded(documents, input_type="document"), embedded(documents),
+                   _embed_sparse(sparse_server, INFERENCE_FREE, documents)):
+        for served, wanted in zip(answer, expected["document"], strict=True):
+            _assert_matches(served, wanted)
+    usage = sparse_server.post("/v1/embeddings", {"model": INFERENCE_FREE, "input": queries[:1],
+                                                  "input_type": "query"}).json()["usage"]
+    tokenizer = Tokenizer.from_file(str(next(folders[INFERENCE_FREE].glob("query_*")) / "tokenizer.json"))
+    assert usage["prompt_tokens"] == min(len(tokenizer.encode(queries[0], add_special_tokens=False).ids), MAX_LENGTH)
 
 
 def test_a_binary_answer_is_refused_for_a_sparse_model(sparse_server):
