@@ -25,15 +25,24 @@ WireDtype = Literal["float32", "float16", "bfloat16"]
 Endianness = Literal["little", "big", "native"]  # vLLM's names; native: the server's
 
 
+def wire_values(rows: np.ndarray, dtype: WireDtype, endianness: Endianness) -> np.ndarray:
+    """(n, dim) float32 `rows` as `dtype` in `endianness` (bfloat16 as its 16-bit patterns),
+    ready for `tobytes` (vLLM's `embed_dtype` and `endianness`, for bytes and base64 alike)."""
+    order = "<" if _byteorder(endianness) == "little" else ">"
+    if dtype == "bfloat16":
+        return _bfloat16_bits(rows).astype(order + "u2")
+    return rows.astype(order + ("f4" if dtype == "float32" else "f2"))
+
+
+def _byteorder(endianness: Endianness) -> str:
+    return sys.byteorder if endianness == "native" else endianness
+
+
 def encode_rows(rows: np.ndarray, dtype: WireDtype, endianness: Endianness, about: dict[str, Any]) -> bytes:
     """The body answering (n, dim) float32 `rows` as `dtype` in `endianness`, with
     `about` (the model, the usage) in the header beside the layout."""
-    byteorder = sys.byteorder if endianness == "native" else endianness
-    order = "<" if byteorder == "little" else ">"
-    if dtype == "bfloat16":
-        values = _bfloat16_bits(rows).astype(order + "u2")
-    else:
-        values = rows.astype(order + ("f4" if dtype == "float32" else "f2"))
+    byteorder = _byteorder(endianness)
+    values = wire_values(rows, dtype, endianness)
     header = json.dumps({"shape": list(rows.shape), "dtype": dtype, "byteorder": byteorder, **about}).encode()
     header += b" " * (-(4 + len(header)) % 8)
     return len(header).to_bytes(4, "little") + header + values.tobytes()

@@ -6,12 +6,13 @@ values. Errors are `APIError`s (a client's mistake) or `ServingError`s (from the
 
 from __future__ import annotations
 
+import base64
 from dataclasses import dataclass
 
 import msgspec
 import numpy as np
 
-from infinity.api.binary import encode_rows
+from infinity.api.binary import encode_rows, wire_values
 from infinity.api.errors import APIError
 from infinity.api.inputs import text_or_token_inputs
 from infinity.api.late_chunking import character_spans, refuse_unless_late_chunkable, span_vectors
@@ -45,6 +46,7 @@ class Embedder:
                                 "\"base64\"", param="encoding_format")
         body = with_input(body)
         refuse_unless_late_chunkable(model, body)
+        _refuse_wire_type_unless_base64(model, body, self.config.server.embedding_type)
         inputs = await self._inputs(model, body)
         if body.late_chunking:
             return await self._late_chunks(model, inputs, body)
@@ -58,7 +60,11 @@ class Embedder:
             return await self._multivector(model, inputs, body, types)
         # 0 asks for every dimension, as in infinity (its generated client sends 0 by default).
         result, rows = await self.vectors(model, inputs, body.dimensions or None, "dimensions")
-        encoded = {t: encode(rows, t, body.encoding_format == "base64") for t in types}
+        if (body.embed_dtype, body.endianness) != ("float32", "little"):
+            encoded = {"float": [base64.b64encode(row.tobytes()).decode()
+                                 for row in wire_values(rows, body.embed_dtype, body.endianness)]}
+        else:
+            encoded = {t: encode(rows, t, body.encoding_format == "base64") for t in types}
         if body.embedding_types is None:
             data = [EmbeddingData(index=i, embedding=value) for i, value in enumerate(encoded[types[0]])]
         else:
@@ -248,6 +254,22 @@ def _within_top_k(model: ServedModel, vectors: list[np.ndarray], top_k: int | No
 
 def _sparse_embedding(entries: np.ndarray) -> SparseEmbedding:
     return SparseEmbedding(indices=entries["index"].tolist(), values=entries["value"].tolist())
+
+
+def _refuse_wire_type_unless_base64(model: ServedModel, body: EmbeddingRequest, default: EmbeddingType) -> None:
+    """A 422 where `body` asks for float values in another dtype or byte order than
+    base64's float32 little-endian (vLLM's `embed_dtype`, `endianness`) where they cannot
+    apply: JSON numbers, types other than float, or vectors other than one per input."""
+    param = "embed_dtype" if body.embed_dtype != "float32" else "endianness"
+    if (body.embed_dtype, body.endianness) == ("float32", "little"):
+        return
+    if body.encoding_format != "base64":
+        raise APIError(422, f"{param} applies to encoding_format \"base64\" or \"bytes\"; JSON numbers are numbers",
+                       param=param)
+    if body.output_types(default) != ["float"] or body.embedding_types is not None:
+        raise APIError(422, f"{param} is the wire type of float values: leave embedding_type(s) out", param=param)
+    if model.kind.ragged or body.late_chunking or body.outputs is not None:
+        raise APIError(422, f"{param} applies to models of one dense vector per input", param=param)
 
 
 def _refuse_top_k(model: ServedModel, body: EmbeddingRequest) -> None:

@@ -48,6 +48,47 @@ def test_a_binary_answer_round_trips_the_json_floats(dtype, endianness):
     asyncio.run(test())
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("endianness", ["little", "big"])
+def test_base64_vectors_take_vllms_embed_dtype_and_endianness(dtype, endianness):
+    """As vLLM encodes them: each vector's values in `embed_dtype` and `endianness`, in
+    base64; not silently float32 little-endian."""
+    import base64
+
+    async def test():
+        async with serving() as client:
+            floats = await (await client.post("/v1/embeddings", json={"input": TEXTS})).json()
+            expected = np.array([item["embedding"] for item in floats["data"]], dtype=np.float32)
+            answer = await client.post("/v1/embeddings", json={"input": TEXTS, "encoding_format": "base64",
+                                                               "embed_dtype": dtype, "endianness": endianness})
+            assert answer.status == 200
+            order = "<" if endianness == "little" else ">"
+            for item, row in zip((await answer.json())["data"], expected, strict=True):
+                raw = base64.b64decode(item["embedding"])
+                if dtype == "bfloat16":
+                    got = (np.frombuffer(raw, order + "u2").astype(np.uint32) << 16).view(np.float32)
+                    np.testing.assert_array_equal(got, _bfloat16(row))
+                else:
+                    got = np.frombuffer(raw, order + ("f4" if dtype == "float32" else "f2")).astype(np.float32)
+                    np.testing.assert_array_equal(got, row.astype(np.float16 if dtype == "float16" else np.float32))
+
+    asyncio.run(test())
+
+
+@pytest.mark.parametrize("extra, param", [
+    ({"embed_dtype": "float16"}, "embed_dtype"),  # JSON numbers
+    ({"endianness": "big"}, "endianness"),
+    ({"encoding_format": "base64", "embed_dtype": "float16", "embedding_type": "int8"}, "embed_dtype"),
+])
+def test_a_wire_type_where_it_cannot_apply_is_refused(extra, param):
+    async def test():
+        async with serving() as client:
+            answer = await client.post("/v1/embeddings", json={"input": TEXTS, **extra})
+            assert answer.status == 422 and (await answer.json())["error"]["param"] == param
+
+    asyncio.run(test())
+
+
 def test_accept_octet_stream_asks_for_bytes_and_dimensions_apply():
     async def test():
         async with serving() as client:
