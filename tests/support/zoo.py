@@ -70,10 +70,11 @@ def _pooling(*modes: str, include_prompt: bool = True):  # noqa: ANN202 (sentenc
 
 
 def _dense(in_features: int, out_features: int, activation: torch.nn.Module | None = None, bias: bool = True,
-           residual: bool = False):  # noqa: ANN202
+           residual: bool = False, on_tokens: bool = False):  # noqa: ANN202
     from sentence_transformers.base.modules import Dense
 
-    dense = Dense(in_features, out_features, bias=bias, activation_function=activation, use_residual=residual)
+    dense = Dense(in_features, out_features, bias=bias, activation_function=activation, use_residual=residual,
+                  module_input_name="token_embeddings" if on_tokens else "sentence_embedding")
     with torch.no_grad():
         for parameter in dense.parameters():
             parameter.normal_(std=0.3)
@@ -171,6 +172,9 @@ EMBEDDERS: dict[str, Callable[[Path], Path]] = {
     "bert-dense-gelu-layernorm": _family("bert", lambda: _pooling("mean"), lambda: _dense(WIDTH, 48, torch.nn.GELU()),
                                          lambda: _dense(48, 16, torch.nn.SiLU(), bias=False), lambda: _layer_norm(16),
                                          _normalize),
+    # A Dense over each token's state, before pooling.
+    "bert-dense-on-tokens": _family("bert", lambda: _dense(WIDTH, 16, torch.nn.Tanh(), on_tokens=True),
+                                    lambda: _pooling("mean"), _normalize),
     "bert-dense-residual": _family("bert", lambda: _pooling("mean"), lambda: _dense(WIDTH, 16, residual=True)),
     "bert-prompt-left-out": _family("bert", lambda: _pooling("mean", include_prompt=False), _normalize,
                                     prompts={"query": "quick fox: ", "document": ""}),

@@ -104,17 +104,16 @@ def _layer_norm(step: LayerNormStep) -> torch.nn.LayerNorm:
 
 class ModuleChain:
     """A model's steps after its encoder, built for an encoder of `width` (its hidden size);
-    `dim`: the width of the vector it gives (`output`: the feature it is read from)."""
+    `dim`: the width of the vector it gives (its pooled feature, after every step)."""
 
-    def __init__(self, steps: tuple[ChainStep, ...], width: int, output: str = SENTENCE_FEATURE) -> None:
+    def __init__(self, steps: tuple[ChainStep, ...], width: int) -> None:
         self._steps = steps
         self._layers: list[torch.nn.Module | None] = []
-        self._output = output
         widths = {TOKEN_FEATURE: width}
         for step in steps:
             layer: torch.nn.Module | None = None
             if isinstance(step, PoolStep):
-                widths[SENTENCE_FEATURE] = width * len(step.modes)
+                widths[SENTENCE_FEATURE] = widths[TOKEN_FEATURE] * len(step.modes)
             elif isinstance(step, NormalizeStep):
                 widths[step.target] = self._width(widths, step.source, None, step)
             elif isinstance(step, DenseStep):
@@ -124,7 +123,7 @@ class ModuleChain:
                 self._width(widths, SENTENCE_FEATURE, step.dimension, step)
                 layer = _layer_norm(step)
             self._layers.append(layer)
-        self.dim = self._width(widths, output, None, "the model's output")
+        self.dim = self._width(widths, SENTENCE_FEATURE, None, "the model's output")
 
     @staticmethod
     def _width(widths: dict[str, int], feature: str, wanted: int | None, step: object) -> int:
@@ -135,8 +134,7 @@ class ModuleChain:
         return widths[feature]
 
     def __call__(self, states: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """(n, L, d) token states and the (n, L) mask of the tokens read -> the output
-        feature, in float32: (n, dim), or (n, L, dim) for token states."""
+        """(n, L, d) token states and the (n, L) mask of the tokens read -> (n, dim) float32."""
         features = {TOKEN_FEATURE: states}
         for step, layer in zip(self._steps, self._layers, strict=True):
             if isinstance(step, PoolStep):
@@ -150,4 +148,4 @@ class ModuleChain:
             else:
                 assert layer is not None
                 features[SENTENCE_FEATURE] = layer.to(states.device)(features[SENTENCE_FEATURE].float())
-        return features[self._output].float()
+        return features[SENTENCE_FEATURE].float()
