@@ -91,7 +91,7 @@ def document(operations: list[Operation], title: str, version: str, models: dict
 
 
 # Paths (by their ending) that never need the API key: probes and the Prometheus scrape.
-KEYLESS_PATHS = ("/health", "/live", "/metrics")
+KEYLESS_PATHS = ("/health", "/live", "/metrics", "/ping")
 
 
 def _operation(op: Operation, path: str, api_key: bool) -> dict[str, Any]:

@@ -114,7 +114,7 @@ def _model_card(model: ServedModel, digest: str | None) -> ModelCard:
 ROUTES = [
     Route(openapi.Operation("get", "/v1/models", ("/models",), "The served models, their replicas and queues",
                             None, ModelList, ()), models),
-    Route(openapi.Operation("get", "/health", ("/v1/health",),
+    Route(openapi.Operation("get", "/health", ("/v1/health", "/ping"),
                             "200 once every model is loaded on every device; 503 before", None, Health, (503,)),
           health),
     Route(openapi.Operation("get", "/live", ("/v1/live",),

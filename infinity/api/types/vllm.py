@@ -1,0 +1,46 @@
+"""Bodies of vLLM's own pooling routes: `/score`, in its older form (`text_1`, `text_2`)
+and its newer (`queries`, `documents`)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from msgspec import Meta, Struct
+
+from infinity.api.types.common import ModelRequest, Usage
+
+Side = Annotated[Any, Meta(description="A text or a list of texts", extra_json_schema={"anyOf": [
+    {"type": "string"}, {"type": "array", "minItems": 1, "items": {"type": "string"}}]})]
+
+
+class ScoreRequest(ModelRequest):
+    """vLLM's score body: one text against many, or pairs one to one, from `text_1` and
+    `text_2` or from `queries` and `documents`. A reranker scores each pair; an embedder
+    the cosine of the two texts' vectors. `use_activation` false: a reranker's logits."""
+
+    model: str | None = None
+    text_1: Side | None = None
+    text_2: Side | None = None
+    queries: Side | None = None
+    documents: Side | None = None
+    use_activation: bool | None = None
+    truncate_prompt_tokens: Annotated[int, Meta(ge=-1, description=(
+        "-1 (or none): inputs cut to the model's length; a count of tokens to keep is refused here"))] | None = None
+    max_tokens_per_query: Annotated[int, Meta(ge=0, description="0 only: queries are cut to the model's length")] = 0
+    max_tokens_per_doc: Annotated[int, Meta(ge=0, description="0 only: documents are cut to the model's length")] = 0
+    user: str | None = None
+
+
+class ScoreData(Struct):
+    index: int
+    score: float
+    object: Literal["score"] = "score"
+
+
+class ScoreResponse(Struct, kw_only=True):
+    id: str
+    object: Literal["list"] = "list"
+    created: int
+    model: str
+    data: list[ScoreData]
+    usage: Usage
