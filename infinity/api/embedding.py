@@ -14,7 +14,7 @@ import numpy as np
 
 from infinity.api.binary import encode_rows, wire_values
 from infinity.api.errors import APIError
-from infinity.api.inputs import text_or_token_inputs
+from infinity.api.inputs import refuse_kept_tokens, text_or_token_inputs
 from infinity.api.late_chunking import character_spans, refuse_unless_late_chunkable, span_vectors
 from infinity.api.long_inputs import chunk_means, with_long_inputs
 from infinity.api.media_fetch import MediaFetcher, media_bytes
@@ -41,11 +41,12 @@ class Embedder:
     async def embeddings(self, model: ServedModel, body: EmbeddingRequest) -> EmbeddingResponse:
         """OpenAI embeddings of `body` on `model`; with `embedding_types`, each item holds
         `embeddings` by type instead of `embedding`."""
-        if body.encoding_format == "bytes":
-            raise APIError(422, "encoding_format \"bytes\" is an HTTP answer of its own; here, use \"float\" or "
-                                "\"base64\"", param="encoding_format")
+        if body.encoding_format in ("bytes", "bytes_only"):
+            raise APIError(422, f"encoding_format \"{body.encoding_format}\" is an HTTP answer of its own; here, use "
+                                "\"float\" or \"base64\"", param="encoding_format")
         body = with_input(body)
         refuse_unless_late_chunkable(model, body)
+        _refuse_unserved_vllm_fields(model, body)
         _refuse_wire_type_unless_base64(model, body, self.config.server.embedding_type)
         inputs = await self._inputs(model, body)
         if body.late_chunking:
@@ -73,7 +74,8 @@ class Embedder:
 
     async def embeddings_bytes(self, model: ServedModel, body: EmbeddingRequest) -> bytes:
         """`body`'s vectors on `model` as one binary answer (`infinity.api.binary`): float
-        vectors of a model with one vector per input, in `body.embed_dtype`."""
+        vectors of a model with one vector per input, in `body.embed_dtype`; for
+        `bytes_only` (vLLM's), the rows alone."""
         name = model.spec.name
         if model.kind.ragged and not model.kind.vector_types:
             raise APIError(422, f"the {model.spec.kind} model '{name}' answers a vector per token or a sparse vector, "
@@ -88,8 +90,11 @@ class Embedder:
             raise APIError(422, "a binary answer holds float values (as embed_dtype); leave embedding_type(s) out",
                            param="embedding_type")
         body = with_input(body)
+        _refuse_unserved_vllm_fields(model, body)
         inputs = await self._inputs(model, body)
         result, rows = await self.vectors(model, inputs, body.dimensions or None, "dimensions")
+        if body.encoding_format == "bytes_only":
+            return wire_values(rows, body.embed_dtype, body.endianness).tobytes()
         return encode_rows(rows, body.embed_dtype, body.endianness,
                            {"model": name, "usage": msgspec.to_builtins(Usage.of(result, body.input_usage))})
 
@@ -254,6 +259,20 @@ def _within_top_k(model: ServedModel, vectors: list[np.ndarray], top_k: int | No
 
 def _sparse_embedding(entries: np.ndarray) -> SparseEmbedding:
     return SparseEmbedding(indices=entries["index"].tolist(), values=entries["value"].tolist())
+
+
+def _refuse_unserved_vllm_fields(model: ServedModel, body: EmbeddingRequest) -> None:
+    """A 422 for vLLM's fields where `body` asks what is not served: keeping inputs' last
+    tokens, texts without their special tokens, vectors without the final L2 normalisation
+    of a model that has one (of a model that has none, `use_activation: false` is what it gives)."""
+    refuse_kept_tokens(body.truncate_prompt_tokens, model.spec)
+    if not body.add_special_tokens:
+        raise APIError(422, "add_special_tokens false is not served: texts are embedded with the model's special "
+                            "tokens, as it was trained", param="add_special_tokens")
+    if body.use_activation is False and model.spec.normalize:
+        raise APIError(422, f"use_activation false asks for vectors without their L2 normalisation; model "
+                            f"'{model.spec.name}' normalises them in its last module, which is not left out here",
+                       param="use_activation")
 
 
 def _refuse_wire_type_unless_base64(model: ServedModel, body: EmbeddingRequest, default: EmbeddingType) -> None:

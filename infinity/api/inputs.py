@@ -12,6 +12,7 @@ from infinity.api.errors import APIError
 from infinity.api.types.common import ImagePart
 from infinity.api.types.scores import RerankRequest
 from infinity.client.engine_client import ModelInputs
+from infinity.shared.protocol import ModelSpec
 
 _Type = TypeVar("_Type", bound=str)
 
@@ -23,6 +24,15 @@ def output_types(types: list[_Type] | None, default: _Type) -> list[_Type]:
     if not types:
         raise APIError(422, "embedding_types must name at least one type", param="embedding_types")
     return list(dict.fromkeys(types))
+
+
+def refuse_kept_tokens(truncate_prompt_tokens: int | None, spec: ModelSpec) -> None:
+    """A 422 for vLLM's `truncate_prompt_tokens` asking to keep an input's last tokens
+    (its -1, or none, is the model's length: every route cuts inputs to it)."""
+    if truncate_prompt_tokens not in (None, -1):
+        raise APIError(422, f"truncate_prompt_tokens {truncate_prompt_tokens} asks to keep each input's last tokens; "
+                            f"not served here: inputs are cut to their first {spec.max_length} tokens (the model's length), "
+                            "or refused with long_inputs \"error\"", param="truncate_prompt_tokens")
 
 
 _SHAPE = ("{} must be a non-empty string, a list of non-empty strings, a list of token ids "

@@ -71,3 +71,38 @@ def test_ping_answers_as_health_on_get_and_post():
                 assert answer.status == 200 and (await answer.json())["status"] == "ok"
 
     asyncio.run(test())
+
+
+def test_vllms_bytes_only_answers_the_rows_alone():
+    async def test():
+        async with serving() as client:
+            floats = await (await client.post("/v1/embeddings", json={"input": TEXTS})).json()
+            expected = np.array([item["embedding"] for item in floats["data"]], dtype=np.float32)
+            assert floats["id"].startswith("embd-") and isinstance(floats["created"], int)
+            answer = await client.post("/v1/embeddings", json={"input": TEXTS, "encoding_format": "bytes_only",
+                                                               "embed_dtype": "float16", "endianness": "big"})
+            assert answer.status == 200
+            rows = np.frombuffer(await answer.read(), ">f2").astype(np.float32).reshape(expected.shape)
+            np.testing.assert_array_equal(rows, expected.astype(np.float16).astype(np.float32))
+
+    asyncio.run(test())
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"truncate_prompt_tokens": 8}, "truncate_prompt_tokens"),
+    ({"truncate_prompt_tokens": 8193}, "truncate_prompt_tokens"),
+    ({"add_special_tokens": False}, "add_special_tokens"),
+    ({"use_activation": False}, "use_activation"),  # the fake model normalises its vectors
+    ({"truncate_prompt_tokens": 8, "encoding_format": "bytes"}, "truncate_prompt_tokens"),
+])
+def test_vllms_fields_that_cannot_be_honoured_are_refused_naming_them(body, param):
+    async def test():
+        async with serving() as client:
+            answer = await client.post("/v1/embeddings", json={"input": TEXTS, **body})
+            assert answer.status == 422, await answer.text()
+            assert (await answer.json())["error"]["param"] == param
+            honoured = await client.post("/v1/embeddings", json={"input": TEXTS, "truncate_prompt_tokens": -1,
+                                                                 "add_special_tokens": True, "use_activation": True})
+            assert honoured.status == 200
+
+    asyncio.run(test())

@@ -44,7 +44,7 @@ async def embeddings(request: web.Request, body: EmbeddingRequest,
     """OpenAI embeddings, or their raw bytes where the body or the Accept header asks for
     them. `kinds`: those of the route asked (a media route serves fewer)."""
     model = served_model(request, body.model, kinds)
-    if body.encoding_format == "bytes" or _accepts_bytes_only(request.headers.get("Accept", "")):
+    if body.encoding_format in ("bytes", "bytes_only") or _accepts_bytes_only(request.headers.get("Accept", "")):
         return RawAnswer(await _embedder(request).embeddings_bytes(model, body), binary.CONTENT_TYPE)
     return await _embedder(request).embeddings(model, body)
 

@@ -16,7 +16,7 @@ from msgspec import UNSET
 
 from infinity.api import openapi
 from infinity.api.errors import APIError
-from infinity.api.inputs import page_documents, rerank_inputs, text_or_token_inputs
+from infinity.api.inputs import page_documents, refuse_kept_tokens, rerank_inputs, text_or_token_inputs
 from infinity.api.long_inputs import best_chunks, with_long_inputs
 from infinity.api.media_fetch import media_bytes
 from infinity.api.routes.common import (CONFIG, ENGINE_CLIENT, FETCHER, MODEL_ERRORS, Route, kinds_serving, max_items,
@@ -37,6 +37,8 @@ async def rerank(request: web.Request, body: RerankRequest) -> RerankResponse:
     page images. Long documents of a cross-encoder or of a multi-vector model of texts may
     be chunked (`max_chunks_per_doc`): each scores as its best chunk."""
     model = served_model(request, body.model, RERANK_KINDS)
+    refuse_kept_tokens(body.truncate_prompt_tokens, model.spec)
+    raw_scores = body.raw_scores or body.use_activation is False
     if ((body.max_chunks_per_doc or 1) > 1 or body.chunk_overlap is not None) and not model.kind.chunks_documents:
         raise APIError(422, f"max_chunks_per_doc applies to cross-encoders and multi-vector models of texts; the "
                             f"{model.spec.kind} model '{model.spec.name}' reads each document whole up to its length",
@@ -69,7 +71,7 @@ async def rerank(request: web.Request, body: RerankRequest) -> RerankResponse:
             finally:
                 result.release()
             chunks = result.chunks
-            if not body.raw_scores:
+            if not raw_scores:
                 scores = activate(scores, result.activation)
             tokens = Usage.of(result)
     scores, best = best_chunks(scores, chunks)
@@ -160,13 +162,14 @@ def maxsim(query: np.ndarray, document: np.ndarray) -> float:
 
 async def classify(request: web.Request, body: ClassifyRequest) -> ClassifyResponse:
     model = served_model(request, body.model, CLASSIFY_KINDS)
+    refuse_kept_tokens(body.truncate_prompt_tokens, model.spec)
     inputs = text_or_token_inputs(body.input, max_items(request))
     result = await request.app[ENGINE_CLIENT].run(model, inputs)
     try:
         logits = result.stacked()
     finally:
         result.release()
-    scores = logits if body.raw_scores else activate(logits, result.activation)
+    scores = logits if body.raw_scores or body.use_activation is False else activate(logits, result.activation)
     labels = result.labels
     data = [[LabelScore(labels[j], float(row[j])) for j in np.argsort(-row, kind="stable")] for row in scores]
     return ClassifyResponse(id=uuid.uuid4().hex, created=int(time.time()), data=data, model=model.spec.name,

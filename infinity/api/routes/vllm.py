@@ -14,7 +14,8 @@ from aiohttp import web
 
 from infinity.api import openapi
 from infinity.api.errors import APIError
-from infinity.api.routes.common import ENGINE_CLIENT, MODEL_ERRORS, Route, kinds_serving, max_items, served_model
+from infinity.api.inputs import refuse_kept_tokens
+from infinity.api.routes.common import ENGINE_CLIENT, MODEL_ERRORS, Route, max_items, served_model
 from infinity.api.routes.scores import activate
 from infinity.api.routes.status import health
 from infinity.api.types.common import Usage
@@ -23,7 +24,8 @@ from infinity.api.types.vllm import ScoreData, ScoreRequest, ScoreResponse
 from infinity.client.engine_client import ModelInputs, Result
 from infinity.client.topology import ServedModel
 
-SCORE_KINDS = ("rerank", *kinds_serving("embed", vector_per_input=True))
+# A reranker's pairs, or a text embedder's (the cosine of its vectors).
+SCORE_KINDS = ("rerank", "embed")
 
 
 def score_pairs(body: ScoreRequest, most: int) -> list[tuple[str, str]]:
@@ -54,13 +56,11 @@ def score_pairs(body: ScoreRequest, most: int) -> list[tuple[str, str]]:
 
 async def score(request: web.Request, body: ScoreRequest) -> ScoreResponse:
     model = served_model(request, body.model, SCORE_KINDS)
-    for param, value, off in (("truncate_prompt_tokens", body.truncate_prompt_tokens, (None, -1)),
-                              ("max_tokens_per_query", body.max_tokens_per_query, (0,)),
-                              ("max_tokens_per_doc", body.max_tokens_per_doc, (0,))):
-        if value not in off:
-            raise APIError(422, f"{param} is not served: inputs are cut to the model's length "
-                                f"({model.spec.max_length} tokens), or refused with long_inputs on other routes",
-                           param=param)
+    refuse_kept_tokens(body.truncate_prompt_tokens, model.spec)
+    for param in ("max_tokens_per_query", "max_tokens_per_doc"):
+        if getattr(body, param):
+            raise APIError(422, f"{param} is not served: texts are cut to the model's length "
+                                f"({model.spec.max_length} tokens) together", param=param)
     pairs = score_pairs(body, max_items(request))
     if model.spec.kind == "rerank":
         scores, usage, activation = await _cross_encoded(request, model, pairs)

@@ -3,9 +3,11 @@ Cohere's v1/v2 embed, TEI's `/embed_sparse`."""
 
 from __future__ import annotations
 
+import time
+import uuid
 from typing import Annotated, Literal, NewType
 
-from msgspec import UNSET, Meta, Struct, UnsetType
+from msgspec import UNSET, Meta, Struct, UnsetType, field
 
 from infinity.api.binary import Endianness, WireDtype
 from infinity.api.errors import APIError
@@ -60,9 +62,9 @@ class EmbeddingRequest(PromptedRequest):
     input: TextOrTokens | None = None
     messages: Annotated[list[ChatMessage], Meta(min_length=1)] | None = None
     model: str | None = None
-    encoding_format: Annotated[Literal["float", "base64", "bytes"], Meta(
+    encoding_format: Annotated[Literal["float", "base64", "bytes", "bytes_only"], Meta(
         description="bytes: the answer is the vectors' raw bytes (application/octet-stream, see the README), as "
-                    "embed_dtype in endianness")] = "float"
+                    "embed_dtype in endianness; bytes_only: the rows alone, without the header (vLLM's)")] = "float"
     embed_dtype: WireDtype = "float32"
     endianness: Endianness = "little"
     dimensions: Annotated[int, Meta(description="Keep the first this many dimensions, then re-normalise; "
@@ -93,6 +95,15 @@ class EmbeddingRequest(PromptedRequest):
     split: Annotated[Literal["sentences"], Meta(
         description="With late_chunking: each input's spans are its sentences (ended by . ! or ? before whitespace, "
                     "or by a newline)")] | None = None
+    # vLLM's pooling fields.
+    truncate_prompt_tokens: Annotated[int, Meta(ge=-1, description=(
+        "vLLM's: -1 (or none): inputs cut to the model's length; a count of tokens to keep from the end is "
+        "refused here"))] | None = None
+    add_special_tokens: Annotated[bool, Meta(description="vLLM's: false (texts without the model's special tokens) "
+                                                         "is refused here")] = True
+    use_activation: Annotated[bool, Meta(description=(
+        "vLLM's: false asks for vectors without their final L2 normalisation: served for models that do not "
+        "normalise, refused for those that do"))] | None = None
 
     def output_types(self, default: EmbeddingType) -> list[EmbeddingType]:
         """The requested types (see `output_types`); `embedding_type` stands in for the default."""
@@ -202,6 +213,9 @@ class EmbeddingResponse(Struct, kw_only=True):
     data: list[EmbeddingData]
     model: str
     usage: Usage
+    # As vLLM and infinity answer them.
+    id: str = field(default_factory=lambda: f"embd-{uuid.uuid4().hex}")
+    created: int = field(default_factory=lambda: int(time.time()))
 
 
 class SparseValue(Struct):

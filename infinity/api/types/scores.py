@@ -37,12 +37,18 @@ class RerankRequest(ModelRequest):
         "A document longer than fits beside the query is split into up to this many chunks, each scored with the "
         "query, and scores as its best (the result's chunk_index); 1: cut to fit; none: as the model is set"))] | None = None
     chunk_overlap: ChunkOverlap | None = None
+    use_activation: Annotated[bool, Meta(description="vLLM's: false answers the logits, as raw_scores")] | None = None
+    truncate_prompt_tokens: Annotated[int, Meta(ge=-1, description=(
+        "vLLM's: -1 (or none): pairs cut to the model's length; a count of tokens to keep is refused here"))] | None = None
 
 
 class ClassifyRequest(ModelRequest):
     input: TextOrTokens
     model: str | None = None
     raw_scores: bool = False
+    use_activation: Annotated[bool, Meta(description="vLLM's: false answers the logits, as raw_scores")] | None = None
+    truncate_prompt_tokens: Annotated[int, Meta(ge=-1, description=(
+        "vLLM's: -1 (or none): inputs cut to the model's length; a count of tokens to keep is refused here"))] | None = None
 
 
 class RerankDocument(Struct):

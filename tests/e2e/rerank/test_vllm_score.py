@@ -41,3 +41,25 @@ def test_an_embedders_pairs_score_as_the_cosine_of_sentence_transformers_vectors
     second = reference_model.encode(DOCUMENTS, normalize_embeddings=True)
     np.testing.assert_allclose(_scores(scoring_server, model=MODEL_NAME, text_1=QUERIES, text_2=DOCUMENTS),
                                (first * second).sum(axis=1), atol=1e-5)
+
+
+def test_use_activation_false_answers_logits_on_rerank_and_classify(scoring_server):
+    from tests.support.tiny_models import CLASSIFIER_NAME
+
+    def rerank(**fields):
+        answer = scoring_server.post("/v1/rerank", {"model": RERANKER_NAME, "query": QUERIES[0],
+                                                    "documents": DOCUMENTS, **fields})
+        assert answer.status_code == 200, answer.text
+        return {item["index"]: item["relevance_score"] for item in answer.json()["results"]}
+
+    assert rerank(use_activation=False) == rerank(raw_scores=True) != rerank()
+
+    def classify(**fields):
+        answer = scoring_server.post("/v1/classify", {"model": CLASSIFIER_NAME, "input": DOCUMENTS, **fields})
+        assert answer.status_code == 200, answer.text
+        return answer.json()["data"]
+
+    assert classify(use_activation=False) == classify(raw_scores=True) != classify()
+    refused = scoring_server.post("/v1/rerank", {"model": RERANKER_NAME, "query": "q", "documents": ["d"],
+                                                 "truncate_prompt_tokens": 4})
+    assert refused.status_code == 422 and refused.json()["error"]["param"] == "truncate_prompt_tokens"
