@@ -13,6 +13,10 @@ MAX_LENGTH = 256
 DIM = 384
 # Minimum cosine similarity between a served vector and the reference one.
 MIN_COSINE = 0.99999
+# How far apart two requests' float vectors of the same texts may be: the server may run
+# them in other batches (other padding, other lanes) or a lone input on another runtime,
+# whose sums round differently (a few 1e-7 seen). Bit-equal only where a test pins both.
+SAME_TEXTS_ATOL = 1e-6
 
 
 def token_count(tokenizer, text: str) -> int:
@@ -34,6 +38,12 @@ def assert_close(served: np.ndarray, reference: np.ndarray, what: str = "") -> N
     assert served.shape == reference.shape, f"{what}: shape {served.shape} != {reference.shape}"
     sim = cosine(served, reference)
     assert sim >= MIN_COSINE, f"{what}: cosine {sim:.7f} < {MIN_COSINE}"
+
+
+def assert_same_vectors(first: np.ndarray, second: np.ndarray, what: str = "") -> None:
+    """Two requests' vectors of the same texts agree within `SAME_TEXTS_ATOL`."""
+    np.testing.assert_allclose(np.asarray(first, dtype=np.float32), np.asarray(second, dtype=np.float32),
+                               atol=SAME_TEXTS_ATOL, rtol=0, err_msg=what)
 
 
 def make_sentences(count: int = 240, seed: int = 1234) -> list[str]:

@@ -11,7 +11,7 @@ import openai
 import pytest
 
 from tests.support.answers import decode_embedding
-from tests.support.reference import DIM, MAX_LENGTH, MODEL_NAME, assert_close, token_count
+from tests.support.reference import DIM, MAX_LENGTH, MODEL_NAME, assert_close, assert_same_vectors, token_count
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -52,7 +52,7 @@ def test_base64_and_float_agree(client, sentences):
     texts = sentences[140:150]
     as_b64 = _vectors(client.embeddings.create(model=MODEL_NAME, input=texts, encoding_format="base64"))
     as_float = _vectors(client.embeddings.create(model=MODEL_NAME, input=texts, encoding_format="float"))
-    np.testing.assert_array_equal(as_b64, as_float)
+    assert_same_vectors(as_b64, as_float)
 
 
 def test_single_string(client, sentences, reference_vectors):
