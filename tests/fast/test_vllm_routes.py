@@ -106,3 +106,23 @@ def test_vllms_fields_that_cannot_be_honoured_are_refused_naming_them(body, para
             assert honoured.status == 200
 
     asyncio.run(test())
+
+
+def test_pooling_answers_an_embedders_vectors_as_embeddings_does():
+    async def test():
+        async with serving() as client:
+            floats = await (await client.post("/v1/embeddings", json={"input": TEXTS})).json()
+            answer = await client.post("/pooling", json={"input": TEXTS, "task": "embed"})
+            assert answer.status == 200, await answer.text()
+            body = await answer.json()
+            assert body["id"].startswith("pool-") and body["object"] == "list" and body["model"] == "m"
+            assert [(item["index"], item["object"]) for item in body["data"]] == [(i, "pooling") for i in range(3)]
+            np.testing.assert_allclose([item["data"] for item in body["data"]],
+                                       [item["embedding"] for item in floats["data"]], atol=1e-6)
+            assert body["usage"]["prompt_tokens"] == floats["usage"]["prompt_tokens"]
+            for fields, param in (({"task": "classify"}, "task"), ({"use_activation": False}, "use_activation"),
+                                  ({"truncate_prompt_tokens": 3}, "truncate_prompt_tokens")):
+                refused = await client.post("/pooling", json={"input": TEXTS, **fields})
+                assert refused.status == 422 and (await refused.json())["error"]["param"] == param
+
+    asyncio.run(test())

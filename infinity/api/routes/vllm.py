@@ -1,6 +1,7 @@
 """vLLM's own pooling routes: `/score` (a reranker's scores of text pairs, or an
-embedder's cosine of theirs) and `/ping` (SageMaker's health check, which vLLM's and TEI's
-images serve). Their bodies are read into the requests the other routes run, and answered
+embedder's cosine of theirs), `/pooling` (each input's pooled output: an embedder's
+vector, a classifier's probabilities) and `/ping` (SageMaker's health check, which vLLM's
+and TEI's images serve). Their bodies are read into the requests the other routes run, and answered
 in vLLM's shapes."""
 
 from __future__ import annotations
@@ -14,13 +15,15 @@ from aiohttp import web
 
 from infinity.api import openapi
 from infinity.api.errors import APIError
-from infinity.api.inputs import refuse_kept_tokens
+from infinity.api.inputs import refuse_kept_tokens, text_or_token_inputs
+from infinity.api.long_inputs import chunk_means
 from infinity.api.routes.common import ENGINE_CLIENT, MODEL_ERRORS, Route, max_items, served_model
 from infinity.api.routes.scores import activate
 from infinity.api.routes.status import health
 from infinity.api.types.common import Usage
 from infinity.api.types.status import Health
-from infinity.api.types.vllm import ScoreData, ScoreRequest, ScoreResponse
+from infinity.api.types.vllm import (PoolingData, PoolingRequest, PoolingResponse, ScoreData, ScoreRequest,
+                                     ScoreResponse)
 from infinity.client.engine_client import ModelInputs, Result
 from infinity.client.topology import ServedModel
 
@@ -123,6 +126,34 @@ async def _cosines(request: web.Request, model: ServedModel, pairs: list[tuple[s
     return np.array([vectors[row[first]] @ vectors[row[second]] for first, second in pairs]), _usage([result])
 
 
+# What `/pooling` answers for each kind, by vLLM's task names.
+POOLING_TASKS = {"embed": "embed", "classify": "classify"}
+
+
+async def pooling(request: web.Request, body: PoolingRequest) -> PoolingResponse:
+    model = served_model(request, body.model, tuple(POOLING_TASKS))
+    refuse_kept_tokens(body.truncate_prompt_tokens, model.spec)
+    task = POOLING_TASKS[model.spec.kind]
+    if body.task not in (None, task):
+        raise APIError(422, f"model '{model.spec.name}' pools for task {task!r}, not {body.task!r}", param="task")
+    if task == "embed" and body.use_activation is False and model.spec.normalize:
+        raise APIError(422, f"use_activation false asks for vectors without their L2 normalisation; model "
+                            f"'{model.spec.name}' normalises them in its last module, which is not left out here",
+                       param="use_activation")
+    inputs = text_or_token_inputs(body.input, max_items(request))
+    result = await request.app[ENGINE_CLIENT].run(model, inputs)
+    try:
+        rows = chunk_means(result, model.spec.normalize) if task == "embed" else result.stacked()
+        activation = result.activation
+    finally:
+        result.release()
+    if task == "classify" and body.use_activation is not False:
+        rows = activate(rows, activation)
+    return PoolingResponse(id=f"pool-{uuid.uuid4().hex}", created=int(time.time()), model=model.spec.name,
+                           data=[PoolingData(index=i, data=row.tolist()) for i, row in enumerate(rows)],
+                           usage=Usage.of(result))
+
+
 async def ping(request: web.Request, body: None) -> Health:
     """POST /ping: as GET /ping, /health."""
     return await health(request, body)
@@ -132,6 +163,9 @@ ROUTES = [
     Route(openapi.Operation("post", "/score", ("/v1/score",),
                             "Score text pairs (vLLM): a reranker's relevance, or an embedder's cosine",
                             ScoreRequest, ScoreResponse, MODEL_ERRORS, SCORE_KINDS), score),
+    Route(openapi.Operation("post", "/pooling", (), "Each input's pooled output (vLLM): an embedder's vector, a "
+                            "classifier's probabilities", PoolingRequest, PoolingResponse, MODEL_ERRORS,
+                            tuple(POOLING_TASKS)), pooling),
     Route(openapi.Operation("post", "/ping", (), "200 once every model is loaded on every device; 503 before "
                             "(SageMaker's health check, as GET /ping)", None, Health, (400, 413, 415, 422, 429, 503)), ping),
 ]

@@ -1,5 +1,5 @@
 """Bodies of vLLM's own pooling routes: `/score`, in its older form (`text_1`, `text_2`)
-and its newer (`queries`, `documents`)."""
+and its newer (`queries`, `documents`), and `/pooling`."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal
 
 from msgspec import Meta, Struct
 
-from infinity.api.types.common import ModelRequest, Usage
+from infinity.api.types.common import ModelRequest, TextOrTokens, Usage
 
 Side = Annotated[Any, Meta(description="A text or a list of texts", extra_json_schema={"anyOf": [
     {"type": "string"}, {"type": "array", "minItems": 1, "items": {"type": "string"}}]})]
@@ -43,4 +43,34 @@ class ScoreResponse(Struct, kw_only=True):
     created: int
     model: str
     data: list[ScoreData]
+    usage: Usage
+
+
+class PoolingRequest(ModelRequest):
+    """vLLM's pooling body: each input's pooled output, by the model's task (`task`, none:
+    the model's): an embedder's vector ("embed"), a classifier's probabilities or, with
+    `use_activation` false, its logits ("classify")."""
+
+    input: TextOrTokens
+    model: str | None = None
+    task: Literal["embed", "classify"] | None = None
+    encoding_format: Literal["float"] = "float"
+    use_activation: bool | None = None
+    truncate_prompt_tokens: Annotated[int, Meta(ge=-1, description=(
+        "-1 (or none): inputs cut to the model's length; a count of tokens to keep is refused here"))] | None = None
+    user: str | None = None
+
+
+class PoolingData(Struct):
+    index: int
+    data: list[float]
+    object: Literal["pooling"] = "pooling"
+
+
+class PoolingResponse(Struct, kw_only=True):
+    id: str
+    object: Literal["list"] = "list"
+    created: int
+    model: str
+    data: list[PoolingData]
     usage: Usage

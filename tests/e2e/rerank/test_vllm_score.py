@@ -63,3 +63,17 @@ def test_use_activation_false_answers_logits_on_rerank_and_classify(scoring_serv
     refused = scoring_server.post("/v1/rerank", {"model": RERANKER_NAME, "query": "q", "documents": ["d"],
                                                  "truncate_prompt_tokens": 4})
     assert refused.status_code == 422 and refused.json()["error"]["param"] == "truncate_prompt_tokens"
+
+
+def test_pooling_gives_a_classifiers_probabilities_in_label_order(scoring_server):
+    from tests.support.tiny_models import CLASSIFIER_LABELS, CLASSIFIER_NAME
+
+    for use_activation in (True, False):
+        pooled = scoring_server.post("/pooling", {"model": CLASSIFIER_NAME, "input": DOCUMENTS,
+                                                  "use_activation": use_activation})
+        assert pooled.status_code == 200, pooled.text
+        classified = scoring_server.post("/v1/classify", {"model": CLASSIFIER_NAME, "input": DOCUMENTS,
+                                                          "raw_scores": not use_activation}).json()
+        for item, scores in zip(pooled.json()["data"], classified["data"], strict=True):
+            by_label = {score["label"]: score["score"] for score in scores}
+            np.testing.assert_allclose(item["data"], [by_label[label] for label in CLASSIFIER_LABELS], atol=1e-6)
