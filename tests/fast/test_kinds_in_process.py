@@ -392,7 +392,8 @@ def test_a_page_retrieval_model_embeds_queries_and_pages_and_reranks_pages_by_ma
 BODIES = {"/v1/embeddings": {"input": ["a text"]}, "/embeddings_image": {"input": IMAGE_URIS[:1]},
           "/embeddings_audio": {"input": ["data:audio/wav;base64,AAAA"]}, "/v1/embed": {"texts": ["a text"]},
           "/v1/embed_sparse": {"inputs": ["a text"]}, "/v1/rerank": {"query": "a", "documents": ["b"]},
-          "/v1/classify": {"input": ["a text"]}, "/tokenize": {"prompt": "a text"}, "/detokenize": {"tokens": [5]}}
+          "/v1/classify": {"input": ["a text"]}, "/tokenize": {"prompt": "a text"}, "/detokenize": {"tokens": [5]},
+          "/embed": {"texts": ["a text"]}, "/rerank": {"query": "a", "documents": ["b"]}}
 MODEL_ROUTES = [route.operation for route in ROUTES if route.operation.kinds]
 
 
