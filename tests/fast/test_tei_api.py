@@ -161,3 +161,22 @@ def test_a_tei_only_route_answers_errors_raised_before_its_body_is_read_in_teis_
     assert status == 415 and error == {"error": error["error"], "error_type": "Validation"}
     status, error = server.ask("POST", "/v1/classify", {})  # our own routes keep their shape
     assert status == 422 and set(error) == {"error"} and "message" in error["error"]
+
+
+def test_embed_all_answers_each_tokens_state_from_the_engine(server):
+    from tokenizers import Tokenizer
+
+    from infinity.folders.resolve import resolve_model
+    from tests.fast.inprocess import token_states
+
+    tokenizer = Tokenizer.from_file(f"{resolve_model(ModelConfig(name='m')).path}/tokenizer.json")
+    tokenizer.no_padding()
+    status, states = server.ask("POST", "/embed_all", {"inputs": TEXTS[:2]})
+    assert status == 200 and len(states) == 2
+    for text, rows in zip(TEXTS, states):
+        ids = tokenizer.encode(text).ids
+        np.testing.assert_allclose(rows, token_states(np.array(ids), 384), atol=1e-6)
+    status, error = server.ask("POST", "/embed_all", {"inputs": "a " * 2000, "truncate": False})
+    assert status == 422 and "truncate" in error["error"]
+    status, cut = server.ask("POST", "/embed_all", {"inputs": "a " * 2000})
+    assert status == 200 and len(cut[0]) == resolve_model(ModelConfig(name="m")).max_length

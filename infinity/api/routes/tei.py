@@ -1,5 +1,5 @@
-"""TEI's (text-embeddings-inference) native routes: `/embed`, `/rerank`, `/predict`,
-`/similarity`, `/decode`, `/info` and `POST /`, as TEI documents them. Each decodes TEI's
+"""TEI's (text-embeddings-inference) native routes: `/embed`, `/embed_all`, `/rerank`,
+`/predict`, `/similarity`, `/decode`, `/info` and `POST /`, as TEI documents them. Each decodes TEI's
 body into the request our own routes serve and encodes their answer in TEI's shape; errors
 on TEI's bodies are in TEI's shape (`infinity.api.errors.tei_error_body`).
 
@@ -25,13 +25,14 @@ from infinity.api.routes import embeddings, scores, tokens
 from infinity.api.routes.common import CONFIG, ENGINE_CLIENT, MODEL_ERRORS, Route, max_items
 from infinity.api.types.embeddings import CohereEmbedRequest, CohereEmbedResponse
 from infinity.api.types.scores import ClassifyRequest, RerankRequest, RerankResponse
-from infinity.api.types.tei import (DecodeResponse, SimilarityResponse, TEIDecodeRequest, TEIEmbedRequest,
-                                    TEIEmbedResponse, TEIInfo, TEIPredictionBatch, TEIPrediction,
-                                    TEIPredictions, TEIPredictRequest, TEIRerankRequest, TEIRerankResponse,
-                                    TEIRerankResult, TEISimilarityRequest)
+from infinity.api.types.tei import (DecodeResponse, SimilarityResponse, TEIDecodeRequest, TEIEmbedAllRequest,
+                                    TEIEmbedAllResponse, TEIEmbedRequest, TEIEmbedResponse, TEIInfo, TEIPrediction,
+                                    TEIPredictionBatch, TEIPredictions, TEIPredictRequest, TEIRerankRequest,
+                                    TEIRerankResponse, TEIRerankResult, TEISimilarityRequest)
 from infinity.api.types.tokens import DetokenizeRequest
 from infinity.client.engine_client import ModelInputs
 from infinity.client.topology import ServedModel
+from infinity.shared.protocol import TOKEN_STATES
 
 
 def tei_model(request: web.Request, kinds: tuple[str, ...]) -> ServedModel:
@@ -49,6 +50,11 @@ def tei_model(request: web.Request, kinds: tuple[str, ...]) -> ServedModel:
         models = defaults
     request[MODEL] = models[0].spec.name
     return models[0]
+
+
+# Models whose encoder's token states are what they pool: text embedders, not two-tower
+# models (whose text tower answers its features) nor the others.
+EMBED_ALL_KINDS = ("embed",)
 
 
 def _cut(truncate: bool | None, inputs: ModelInputs) -> ModelInputs:
@@ -74,6 +80,22 @@ async def tei_embed(request: web.Request, body: TEIEmbedRequest) -> TEIEmbedResp
     if body.normalize and not model.spec.normalize:
         rows = rows / np.maximum(np.linalg.norm(rows, axis=1, keepdims=True), 1e-12)
     return TEIEmbedResponse(rows.tolist())
+
+
+async def embed_all(request: web.Request, body: TEIEmbedAllRequest) -> TEIEmbedAllResponse:
+    """TEI's `/embed_all`: each input's token states, the encoder's last hidden state of
+    every token it reads (special and prompt tokens too), before pooling. A long input is
+    cut to the model's length (never chunked: its tokens would not be one reading), unless
+    `truncate` is false."""
+    model = tei_model(request, EMBED_ALL_KINDS)
+    inputs = with_prompt(model, text_or_token_inputs(body.inputs, max_items(request), "inputs"), None,
+                         body.prompt_name, None)
+    inputs = msgspec.structs.replace(_cut(body.truncate if body.truncate is not None else True, inputs), vector_types=(TOKEN_STATES,))
+    result = await request.app[ENGINE_CLIENT].run(model, inputs)
+    try:
+        return TEIEmbedAllResponse([np.asarray(rows, dtype=np.float32).tolist() for rows in result.rows()])
+    finally:
+        result.release()
 
 
 def embed_body_of(_: web.Request, body: bytes) -> type[msgspec.Struct]:
@@ -262,6 +284,9 @@ ROUTES = [
                             "list of vectors) or Cohere v1's (`texts`, `model`, ...)", (TEIEmbedRequest,
                             CohereEmbedRequest), (TEIEmbedResponse, CohereEmbedResponse), MODEL_ERRORS,
                             embeddings.COHERE_KINDS, error_answer=_EITHER_ERRORS), embed, embed_body_of),
+    Route(openapi.Operation("post", "/embed_all", (), "Each input's token states, a vector per token (TEI)",
+                            TEIEmbedAllRequest, TEIEmbedAllResponse, MODEL_ERRORS, error_answer=_TEI_ERRORS),
+          embed_all),
     Route(openapi.Operation("post", "/rerank", (), "Score texts against a query: TEI's body (`texts`; a bare list, "
                             "best first) or Cohere's and Jina's (`documents`)", (TEIRerankRequest, RerankRequest),
                             (TEIRerankResponse, RerankResponse), MODEL_ERRORS, scores.RERANK_KINDS,

@@ -1,5 +1,5 @@
 """Bodies and answers of TEI's (text-embeddings-inference) native routes as TEI documents
-them: `/embed`, `/rerank`, `/predict`, `/similarity`, `/decode`, `/info` (its error shape,
+them: `/embed`, `/embed_all`, `/rerank`, `/predict`, `/similarity`, `/decode`, `/info` (its error shape,
 `TEIErrorResponse`, is with ours in `infinity.api.errors`). TEI serves one model, so none of its bodies names one (see `infinity.api.routes.tei`
 for how a request finds its model)."""
 
@@ -34,6 +34,13 @@ class TEIEmbedRequest(TEIRequest, kw_only=True):
     truncation_direction: TruncationDirection = "Right"
     prompt_name: Annotated[str, Meta(description="The model's prompt of this name before each text")] | None = None
     dimensions: Annotated[int, Meta(ge=1, description="Keep this many leading dimensions (Matryoshka)")] | None = None
+
+
+class TEIEmbedAllRequest(TEIRequest, kw_only=True):
+    inputs: TextOrTokens
+    truncate: Truncate | None = None
+    truncation_direction: TruncationDirection = "Right"
+    prompt_name: Annotated[str, Meta(description="The model's prompt of this name before each text")] | None = None
 
 
 class TEIRerankRequest(TEIRequest, kw_only=True):
@@ -112,6 +119,7 @@ class TEIInfo(Struct, kw_only=True):
 
 
 TEIEmbedResponse = NewType("TEIEmbedResponse", list[list[float]])
+TEIEmbedAllResponse = NewType("TEIEmbedAllResponse", list[list[list[float]]])  # per input, per token
 TEIRerankResponse = NewType("TEIRerankResponse", list[TEIRerankResult])
 TEIPredictions = NewType("TEIPredictions", list[TEIPrediction])  # one input's, best first
 TEIPredictionBatch = NewType("TEIPredictionBatch", list[list[TEIPrediction]])

@@ -40,6 +40,15 @@ def test_inference_client_text_classification_on_predict(scoring_server):
     assert top.label == ours[0]["label"] and top.score == pytest.approx(ours[0]["score"], abs=1e-6)
 
 
+def test_embed_all_pools_into_the_models_vector(scoring_server):
+    """The packaged embedder mean-pools and normalises its token states: the mean of
+    `/embed_all`'s rows, normalised, is its `/v1/embeddings` vector."""
+    states = scoring_server.post("/embed_all", {"inputs": TEXTS}).json()
+    pooled = np.stack([np.mean(rows, axis=0) for rows in states])
+    pooled /= np.linalg.norm(pooled, axis=1, keepdims=True)
+    np.testing.assert_allclose(pooled, _ours(scoring_server, TEXTS), atol=1e-5)
+
+
 def test_raw_tei_embed_rerank_predict_info_decode(scoring_server):
     vectors = scoring_server.post("/embed", {"inputs": TEXTS}).json()
     np.testing.assert_allclose(vectors, _ours(scoring_server, TEXTS), atol=1e-6)
