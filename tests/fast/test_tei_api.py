@@ -140,6 +140,9 @@ def test_shared_paths_tell_the_dialect_by_the_body(server):
     assert status == 200 and "embeddings" in error  # v2's content parts: Cohere's
     status, error = server.ask("POST", "/embed", {})
     assert status == 422 and error["error_type"] == "Validation" and "inputs" in error["error"]
+    for path in ("/embed", "/rerank", "/"):  # not an object: no dialect's body, refused as such
+        status, error = server.ask("POST", path, ["a"])
+        assert status == 422 and "object" in str(error), (path, error)
 
 
 def test_the_root_route_classifies_where_the_first_model_is_a_classifier(tmp_path):

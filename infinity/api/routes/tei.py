@@ -90,8 +90,8 @@ async def embed_all(request: web.Request, body: TEIEmbedAllRequest) -> TEIEmbedA
     model = tei_model(request, EMBED_ALL_KINDS)
     inputs = with_prompt(model, text_or_token_inputs(body.inputs, max_items(request), "inputs"), None,
                          body.prompt_name, None)
-    inputs = msgspec.structs.replace(_cut(body.truncate if body.truncate is not None else True, inputs), vector_types=(TOKEN_STATES,))
-    result = await request.app[ENGINE_CLIENT].run(model, inputs)
+    cut = _cut(body.truncate if body.truncate is not None else True, inputs)
+    result = await request.app[ENGINE_CLIENT].run(model, msgspec.structs.replace(cut, vector_types=(TOKEN_STATES,)))
     try:
         return TEIEmbedAllResponse([np.asarray(rows, dtype=np.float32).tolist() for rows in result.rows()])
     finally:
@@ -124,7 +124,7 @@ def _members(body: bytes) -> dict[str, msgspec.Raw] | None:
     then says what is wrong)."""
     try:
         return msgspec.json.decode(body, type=dict[str, msgspec.Raw])
-    except (msgspec.DecodeError, RecursionError):
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
         return None
 
 

@@ -1,7 +1,8 @@
 """Bodies and answers of TEI's (text-embeddings-inference) native routes as TEI documents
-them: `/embed`, `/embed_all`, `/rerank`, `/predict`, `/similarity`, `/decode`, `/info` (its error shape,
-`TEIErrorResponse`, is with ours in `infinity.api.errors`). TEI serves one model, so none of its bodies names one (see `infinity.api.routes.tei`
-for how a request finds its model)."""
+them: `/embed`, `/embed_all`, `/rerank`, `/predict`, `/similarity`, `/decode`, `/info`
+(its error shape, `TEIErrorResponse`, is with ours in `infinity.api.errors`). TEI serves
+one model, so none of its bodies names one (see `infinity.api.routes.tei` for how a
+request finds its model)."""
 
 from __future__ import annotations
 
