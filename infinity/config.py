@@ -84,6 +84,9 @@ class ModelConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     # tokenizer_config.json), which executes in the server's processes: a folder with code is
     # refused unless trusted, and served on torch (infinity/folders/remote_code.py).
     trust_remote_code: bool = False
+    # The model that requests naming none (TEI's bodies, which cannot) go to where several
+    # models could answer them; at most one per kind.
+    default: bool = False
 
     def __post_init__(self) -> None:
         if self.max_length is not None and self.max_length < 2:
@@ -317,6 +320,10 @@ def load_config(
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
         raise ConfigError(f"models.name must be unique, repeated: {', '.join(duplicates)}")
+    defaults = [m.kind for m in config.models if m.default and m.kind != "auto"]
+    twice = sorted({kind for kind in defaults if defaults.count(kind) > 1})
+    if twice:
+        raise ConfigError(f"models.default may mark one model of each kind, not several of kind {', '.join(twice)}")
     return config
 
 

@@ -28,7 +28,7 @@ from msgspec import UNSET, Struct
 from infinity.api import openapi
 from infinity.config import Config
 from infinity.api.connections import BODY, Handler, track_request
-from infinity.api.errors import APIError, ServingError, error_response, from_kind
+from infinity.api.errors import ENCODERS, ERROR_BODY, APIError, ServingError, error_body, error_response, from_kind
 from infinity.client.engine_client import EngineClient, StartupError, at_priority
 from infinity.api.routes import ROUTES, Route
 from infinity.api.media_fetch import MediaFetcher
@@ -108,7 +108,12 @@ def _handler(route: Route) -> Handler:
     answer_classes = _answer_classes(op.answer)
 
     async def handle(request: web.Request) -> web.Response:
-        body = await _read(request, op.body, op.media) if op.body is not None else None
+        request_type = route.body_of(request, bytes(request[BODY])) if route.body_of is not None else op.body
+        # On a path of several dialects, a dialect's body answers its errors in its shape (TEI's).
+        encode_error = getattr(request_type, "error_body", None)
+        if encode_error is not None:
+            request[ERROR_BODY] = encode_error
+        body = await _read(request, request_type, op.media) if request_type is not None else None
         if isinstance(body, ModelRequest):
             request[PRIORITY] = request.get(KEY_PRIORITY, 0) if body.priority is UNSET else body.priority
         with at_priority(request.get(PRIORITY, 0)):
@@ -118,13 +123,16 @@ def _handler(route: Route) -> Handler:
         assert isinstance(answer, answer_classes), f"{op.path} answered {type(answer).__name__}"
         return web.Response(body=msgspec.json.encode(answer), content_type="application/json")
 
+    handle.error_body = ENCODERS.get(op.error_answer, error_body)  # type: ignore[attr-defined]
     return handle
 
 
 def _answer_classes(answer: Any) -> tuple[type, ...]:
     """The classes an operation's answers are instances of: a Struct's, or for a NewType
-    (an answer of another shape) those of the type it names, each member's of a union (an
-    operation answering in the shape its body asks)."""
+    (an answer of another shape) those of the type it names, each member's of a union or of
+    a tuple (an operation answering in the shape its body asks)."""
+    if isinstance(answer, tuple):
+        return tuple(cls for each in answer for cls in _answer_classes(each))
     named = getattr(answer, "__supertype__", answer)
     members = typing.get_args(named) if isinstance(named, types.UnionType) else (named,)
     return tuple(typing.get_origin(member) or member for member in members)
@@ -171,22 +179,31 @@ async def _traced(request: web.Request, handler: Handler) -> web.StreamResponse:
 
 @web.middleware
 async def _json_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Answer every error, whoever raised it, in the one JSON shape."""
+    """Answer every error, whoever raised it, in the one JSON shape (a dialect's own where
+    the route set one: `ERROR_BODY`)."""
     try:
         return await handler(request)
     except APIError as exc:
-        return error_response(exc)
+        return error_response(exc, _error_encoder(request))
     except ServingError as exc:
-        return error_response(from_kind(exc))
+        return error_response(from_kind(exc), _error_encoder(request))
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
-        return error_response(_http_error(request, exc))
+        return error_response(_http_error(request, exc), _error_encoder(request))
     except asyncio.CancelledError:
         raise
     except Exception:
         log.exception("unhandled error on %s %s", request.method, request.path)
         return error_response(APIError(500, "internal server error"))
+
+
+def _error_encoder(request: web.Request) -> Callable[[APIError], bytes]:
+    """How `request`'s errors are encoded: as its body's dialect answers them, else as its
+    route's operation declares (`_handler`), else in the one shape."""
+    if ERROR_BODY in request:
+        return request[ERROR_BODY]  # type: ignore[return-value]
+    return getattr(request.match_info.handler, "error_body", error_body)
 
 
 def _http_error(request: web.Request, exc: web.HTTPException) -> APIError:

@@ -1,8 +1,10 @@
-"""The one error shape every response uses: OpenAI's `{"error": {...}}`, and the one
-place where a kind of error (from a child or the engine client) becomes an HTTP status."""
+"""The error shapes: OpenAI's `{"error": {...}}` that every route answers, TEI's
+`{"error", "error_type"}` for TEI's bodies; and the one place where a kind of error (from a
+child or the engine client) becomes an HTTP status."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from http import HTTPStatus
 
 import msgspec
@@ -78,8 +80,35 @@ def error_body(error: APIError) -> bytes:
                                                          error.code or error.status)))
 
 
-def error_response(error: APIError) -> web.Response:
-    return web.Response(body=error_body(error), status=error.status, content_type="application/json",
+# TEI's kind of each status this server answers (TEI's own statuses for them are the same
+# but for its 400 "Empty", which is a 422 Validation here like any other invalid input).
+_TEI_TYPES = {429: "Overloaded", 503: "Unhealthy"}
+
+
+class TEIErrorResponse(msgspec.Struct):
+    """TEI's error: its message, and its kind (Validation, Overloaded, Unhealthy, Backend;
+    TEI's others, Tokenizer and Empty, are Validation here)."""
+
+    error: str
+    error_type: str
+
+
+def tei_error_body(error: APIError) -> bytes:
+    """`error` in TEI's shape: its message and TEI's kind of it."""
+    kind = _TEI_TYPES.get(error.status, "Backend" if error.status >= 500 else "Validation")
+    return msgspec.json.encode(TEIErrorResponse(error.message, kind))
+
+
+# Each error shape's encoder: a route whose operation declares one shape answers every
+# error in it, those raised before its body is read (401, 413, ...) too.
+ENCODERS = {ErrorResponse: error_body, TEIErrorResponse: tei_error_body}
+# How a request's errors are encoded, where not in the one shape (`error_body`): set by
+# the route, by its operation's shape or, where a path takes several dialects, its body's.
+ERROR_BODY = web.RequestKey("error_body", object)
+
+
+def error_response(error: APIError, encode: Callable[[APIError], bytes] = error_body) -> web.Response:
+    return web.Response(body=encode(error), status=error.status, content_type="application/json",
                         headers=error.headers)
 
 

@@ -42,22 +42,30 @@ class Operation:
     path: str  # below the url prefix, e.g. "/v1/embeddings"
     aliases: tuple[str, ...]  # other paths serving the same operation
     summary: str
-    body: type[msgspec.Struct] | None
+    # A Struct, or several where a path takes the bodies of several dialects (the route's
+    # `body_of` tells them apart).
+    body: type[msgspec.Struct] | tuple[type[msgspec.Struct], ...] | None
     # A Struct, or a NewType that names an answer of another shape (a bare list), or a
-    # union of shapes (answered in the shape its body asks).
-    answer: type[msgspec.Struct] | NewType
+    # union of shapes (answered in the shape its body asks); several: one per dialect.
+    answer: type[msgspec.Struct] | NewType | tuple[type[msgspec.Struct] | NewType, ...]
     errors: tuple[int, ...]
     kinds: tuple[str, ...] = ()  # the kinds of model the body's `model` may name (embed, rerank, ...)
     media: bool = False  # its inputs are always media (data: URIs, URLs), not texts
     binary: bool = False  # it may also answer raw bytes (application/octet-stream), as its body asks
+    error_answer: Any = ErrorResponse  # the shape of its errors (a dialect's own), or a tuple of shapes
+
+
+def _named_types(named: Any) -> tuple[Any, ...]:
+    return named if isinstance(named, tuple) else () if named is None else (named,)
 
 
 def document(operations: list[Operation], title: str, version: str, models: dict[str, list[str]],
              url_prefix: str = "", api_key: bool = False) -> dict[str, Any]:
     """The OpenAPI 3.1 document of `operations`, on a server that serves `models` (names by
     kind): a request body's `model` is one of those of its operation's kinds."""
-    types = list(dict.fromkeys([ErrorResponse] + [t for op in operations for t in (op.body, op.answer)
-                                                  if t is not None]))
+    types = list(dict.fromkeys([ErrorResponse] + [t for op in operations for shape in (op.body, op.answer,
+                                                                                       op.error_answer)
+                                                  for t in _named_types(shape)]))
     schemas, components = msgspec.json.schema_components(types, ref_template=_REF)
     for named, schema in zip(types, schemas):
         if "$ref" not in schema:  # a NewType's: referenced by its name like the others
@@ -65,10 +73,12 @@ def document(operations: list[Operation], title: str, version: str, models: dict
     # A body type shared by several operations names a model of any of their kinds.
     kinds_by_body: dict[str, list[str]] = {}
     for op in operations:
-        if op.body is not None and op.kinds:
-            kinds_by_body.setdefault(op.body.__name__, [])
-            kinds_by_body[op.body.__name__] += [kind for kind in op.kinds if kind not in kinds_by_body[op.body.__name__]]
+        for body in _named_types(op.body) if op.kinds else ():
+            kinds_by_body.setdefault(body.__name__, [])
+            kinds_by_body[body.__name__] += [kind for kind in op.kinds if kind not in kinds_by_body[body.__name__]]
     for body, kinds in kinds_by_body.items():
+        if "model" not in components[body]["properties"]:  # a dialect whose bodies name no model (TEI's)
+            continue
         components[body]["properties"]["model"] = {
             "anyOf": [{"enum": [name for kind in kinds for name in models.get(kind, [])]}, {"type": "null"}],
             "description": f"A served model of kind {' or '.join(kinds)}; none: the only one of those kinds"}
@@ -79,8 +89,9 @@ def document(operations: list[Operation], title: str, version: str, models: dict
     doc: dict[str, Any] = {
         "openapi": "3.1.0",
         "info": {"title": title, "version": version,
-                 "description": "Embeddings, reranking and classification behind OpenAI-, Cohere- and "
-                                "infinity-compatible routes. Every error has the shape of `ErrorResponse`."},
+                 "description": "Embeddings, reranking and classification behind OpenAI-, Cohere-, TEI- and "
+                                "infinity-compatible routes. Every error has the shape of `ErrorResponse`, but "
+                                "on TEI's bodies, which answer TEI's `TEIErrorResponse`."},
         "paths": paths,
         "components": {"schemas": components},
     }
@@ -100,7 +111,7 @@ def _operation(op: Operation, path: str, api_key: bool) -> dict[str, Any]:
         responses["200"]["content"][binary.CONTENT_TYPE] = {"schema": {"type": "string", "format": "binary"}}
     errors = (*op.errors, 401) if api_key and not path.endswith(KEYLESS_PATHS) else op.errors
     for status in sorted(errors):
-        responses[str(status)] = {"description": ERROR_MEANINGS[status], "content": _json_content(ErrorResponse),
+        responses[str(status)] = {"description": ERROR_MEANINGS[status], "content": _json_content(op.error_answer),
                                   **({"headers": _RETRY_AFTER} if status in (429, 503) else {})}
     operation: dict[str, Any] = {
         "summary": op.summary,
@@ -114,8 +125,10 @@ def _operation(op: Operation, path: str, api_key: bool) -> dict[str, Any]:
     return operation
 
 
-def _json_content(named: type[msgspec.Struct] | NewType) -> dict[str, Any]:
-    return {"application/json": {"schema": {"$ref": _REF.format(name=named.__name__)}}}
+def _json_content(named: Any) -> dict[str, Any]:
+    """The content of one named type, or of any of several (`anyOf`)."""
+    refs = [{"$ref": _REF.format(name=each.__name__)} for each in _named_types(named)]
+    return {"application/json": {"schema": refs[0] if len(refs) == 1 else {"anyOf": refs}}}
 
 
 def render_html(doc: dict[str, Any]) -> str:
@@ -142,8 +155,9 @@ def render_html(doc: dict[str, Any]) -> str:
 
 
 def _type_link(content: dict[str, Any]) -> str:
-    name = content["application/json"]["schema"]["$ref"].rsplit("/", 1)[-1]
-    return f"<a href='#{_e(name)}'><code>{_e(name)}</code></a>"
+    schema = content["application/json"]["schema"]
+    names = [ref["$ref"].rsplit("/", 1)[-1] for ref in schema.get("anyOf", [schema])]
+    return " or ".join(f"<a href='#{_e(name)}'><code>{_e(name)}</code></a>" for name in names)
 
 
 def _e(text: str) -> str:

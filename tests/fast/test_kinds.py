@@ -73,7 +73,10 @@ def test_what_an_engine_lacks_names_the_medium_first():
 
 @pytest.mark.parametrize("route", ROUTES, ids=lambda route: route.operation.path)
 def test_every_model_route_serves_a_kind(route):
-    assert route.operation.kinds or route.operation.body is None
+    bodies = route.operation.body if isinstance(route.operation.body, tuple) else (route.operation.body,)
+    # A dialect whose bodies name no model (TEI's) finds its model by the kind it needs.
+    names_a_model = any(body is not None and "model" in body.__struct_fields__ for body in bodies)
+    assert bool(route.operation.kinds) == names_a_model
 
 
 def test_late_interaction_kinds_are_ragged():

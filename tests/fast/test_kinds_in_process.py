@@ -393,7 +393,8 @@ BODIES = {"/v1/embeddings": {"input": ["a text"]}, "/embeddings_image": {"input"
           "/embeddings_audio": {"input": ["data:audio/wav;base64,AAAA"]}, "/v1/embed": {"texts": ["a text"]},
           "/v1/embed_sparse": {"inputs": ["a text"]}, "/v1/rerank": {"query": "a", "documents": ["b"]},
           "/v1/classify": {"input": ["a text"]}, "/tokenize": {"prompt": "a text"}, "/detokenize": {"tokens": [5]},
-          "/score": {"text_1": "a", "text_2": ["b"]}, "/pooling": {"input": ["a text"]}}
+          "/score": {"text_1": "a", "text_2": ["b"]}, "/pooling": {"input": ["a text"]},
+          "/embed": {"texts": ["a text"]}, "/rerank": {"query": "a", "documents": ["b"]}}
 MODEL_ROUTES = [route.operation for route in ROUTES if route.operation.kinds]
 
 

@@ -140,7 +140,8 @@ SCORING_WORDS = tuple(WORDS) + ("Zürich", "café", "東京", "🙂", "don't", "
 def scoring_models_config(root: Path, embedder_name: str) -> str:
     """Build the tiny reranker and classifier under `root` and return a models.toml that
     serves them with the packaged default embedder (auto-detected kinds) and the reranker
-    once more as a forced one-label classifier."""
+    once more as a forced one-label classifier (the classifier is the default one for bodies
+    that name no model: TEI's)."""
     reranker = save_tiny_cross_encoder(root / "reranker")
     classifier = save_tiny_classifier(root / "classifier", model_max_length=SCORING_MAX_LENGTH)
     return f"""
@@ -156,6 +157,7 @@ max_length = {SCORING_MAX_LENGTH}
 [[models]]
 name = "{CLASSIFIER_NAME}"
 source = "{classifier}"
+default = true
 
 [[models]]
 name = "{FORCED_CLASSIFIER_NAME}"

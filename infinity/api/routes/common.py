@@ -56,6 +56,9 @@ class Route:
 
     operation: openapi.Operation
     serve: Callable[[web.Request, Any], Awaitable[Struct | list | RawAnswer]]
+    # Where the path takes several dialects' bodies (`operation.body` a tuple): the type a
+    # request's body (its raw bytes) is decoded into, chosen by its keys.
+    body_of: Callable[[web.Request, bytes], type[Struct]] | None = None
 
 
 def served_model(request: web.Request, name: str | None, kinds: tuple[str, ...]) -> ServedModel:

@@ -1,6 +1,7 @@
 """Embedding routes: OpenAI's `/v1/embeddings` (answered by `infinity.api.embedding`, as
 batch files' bodies are) and infinity's image and audio forms of it, Cohere's v1/v2 embed,
-TEI's `/embed_sparse` for sparse (SPLADE) models."""
+TEI's `/embed_sparse` for sparse (SPLADE) models. `/embed`, which Cohere and TEI share,
+is in `infinity.api.routes.tei`."""
 
 from __future__ import annotations
 
@@ -34,7 +35,8 @@ AUDIO_KINDS = kinds_serving("audio_embed")
 SPARSE_KINDS = kinds_serving("sparse")
 
 
-def _embedder(request: web.Request) -> Embedder:
+def embedder(request: web.Request) -> Embedder:
+    """What answers embeddings bodies on this request's server."""
     app = request.app
     return Embedder(app[ENGINE_CLIENT], app[FETCHER], app[CONFIG], max_items(request))
 
@@ -45,8 +47,8 @@ async def embeddings(request: web.Request, body: EmbeddingRequest,
     them. `kinds`: those of the route asked (a media route serves fewer)."""
     model = served_model(request, body.model, kinds)
     if body.encoding_format in ("bytes", "bytes_only") or _accepts_bytes_only(request.headers.get("Accept", "")):
-        return RawAnswer(await _embedder(request).embeddings_bytes(model, body), binary.CONTENT_TYPE)
-    return await _embedder(request).embeddings(model, body)
+        return RawAnswer(await embedder(request).embeddings_bytes(model, body), binary.CONTENT_TYPE)
+    return await embedder(request).embeddings(model, body)
 
 
 def _accepts_bytes_only(accept: str) -> bool:
@@ -103,7 +105,7 @@ async def cohere_embed(request: web.Request, body: CohereEmbedRequest) -> Cohere
                        param="images")
     inputs = with_prompt(model, inputs, body.prompt, body.prompt_name, body.input_type)
     inputs = with_long_inputs(model, inputs, long_inputs_of_cohere(body.truncate, body.long_inputs), body.chunk_overlap)
-    result, rows = await _embedder(request).vectors(model, inputs, body.output_dimension, "output_dimension")
+    result, rows = await embedder(request).vectors(model, inputs, body.output_dimension, "output_dimension")
     version = "2" if request.path.endswith("/v2/embed") else "1"
     by_type = version == "2" or body.embedding_types is not None or default != "float"
     embeddings = ({t: encode(rows, "float", True) if t == "base64" else encode(rows, t) for t in types}
@@ -124,7 +126,7 @@ async def embed_sparse(request: web.Request, body: SparseEmbedRequest) -> Sparse
                          body.prompt_name, None)
     if body.truncate is False:
         inputs = msgspec.structs.replace(inputs, refuse_cut="truncate")
-    _, vectors = await _embedder(request).sparse_vectors(model, inputs, body.top_k)
+    _, vectors = await embedder(request).sparse_vectors(model, inputs, body.top_k)
     return SparseEmbedResponse([[SparseValue(index, value) for index, value in entries.tolist()]
                                 for entries in vectors])
 
@@ -138,7 +140,7 @@ ROUTES = [
     Route(openapi.Operation("post", "/embeddings_audio", (), "Embed audio clips given as data: URIs or URLs (infinity)",
                             EmbeddingRequest, EmbeddingResponse, MODEL_ERRORS, AUDIO_KINDS, media=True, binary=True),
           embeddings_audio),
-    Route(openapi.Operation("post", "/v1/embed", ("/embed", "/v2/embed"), "Embed texts (Cohere v1 and v2)",
+    Route(openapi.Operation("post", "/v1/embed", ("/v2/embed",), "Embed texts (Cohere v1 and v2)",
                             CohereEmbedRequest, CohereEmbedResponse, MODEL_ERRORS, COHERE_KINDS), cohere_embed),
     Route(openapi.Operation("post", "/v1/embed_sparse", ("/embed_sparse",),
                             "A sparse model's nonzero values per input, by index (TEI)", SparseEmbedRequest,

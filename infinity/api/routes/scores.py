@@ -188,7 +188,7 @@ def activate(scores: np.ndarray, activation: str) -> np.ndarray:
 
 
 ROUTES = [
-    Route(openapi.Operation("post", "/v1/rerank", ("/rerank", "/v2/rerank"),
+    Route(openapi.Operation("post", "/v1/rerank", ("/v2/rerank",),
                             "Score documents against a query, best first (Cohere v1 and v2, Jina)",
                             RerankRequest, RerankResponse, MODEL_ERRORS, RERANK_KINDS), rerank),
     Route(openapi.Operation("post", "/v1/classify", ("/classify",), "Every label's score for each input",

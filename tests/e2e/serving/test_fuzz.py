@@ -4,7 +4,7 @@ ones and ones broken on purpose). Every answer must be documented, of its docume
 and never a 5xx; errors carry the JSON error shape. Afterwards the server still answers
 `/health` and none of its processes died.
 
-Bounded for CI: `FUZZ_EXAMPLES` requests per operation and mode (24 operations, 18 with a
+Bounded for CI: `FUZZ_EXAMPLES` requests per operation and mode (30 operations, 23 with a
 body to break)."""
 
 from __future__ import annotations

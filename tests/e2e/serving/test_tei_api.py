@@ -1,0 +1,68 @@
+"""TEI's native routes on a real server (the scoring server: the default embedder, a tiny
+cross-encoder and classifiers, the classifier marked default), through huggingface_hub's
+InferenceClient and raw HTTP, each held to our own routes' answers for the same inputs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests.support.reference import MODEL_NAME
+from tests.support.tiny_models import CLASSIFIER_NAME, RERANKER_NAME
+
+pytestmark = pytest.mark.timeout(300)
+
+TEXTS = ["The cat sat on the mat.", "Embeddings map texts to vectors.", "A third, unrelated sentence."]
+
+
+def _ours(server, texts: list[str]) -> np.ndarray:
+    answer = server.post("/v1/embeddings", {"model": MODEL_NAME, "input": texts}).json()
+    return np.array([item["embedding"] for item in answer["data"]])
+
+
+def test_inference_client_feature_extraction_and_similarity(scoring_server):
+    from huggingface_hub import InferenceClient
+
+    client = InferenceClient(model=scoring_server.url(""))
+    vectors = client.feature_extraction(TEXTS[0])
+    np.testing.assert_allclose(np.asarray(vectors).reshape(1, -1), _ours(scoring_server, TEXTS[:1]), atol=1e-6)
+    similarities = client.sentence_similarity(TEXTS[0], other_sentences=TEXTS[1:])
+    ours = _ours(scoring_server, TEXTS)
+    np.testing.assert_allclose(similarities, ours[1:] @ ours[0], atol=1e-5)
+
+
+def test_inference_client_text_classification_on_predict(scoring_server):
+    from huggingface_hub import InferenceClient
+
+    # TEI answers one text with a flat list, of which the client keeps the first: the top label.
+    top = InferenceClient(model=scoring_server.url("/predict")).text_classification(TEXTS[0])
+    ours = scoring_server.post("/v1/classify", {"model": CLASSIFIER_NAME, "input": [TEXTS[0]]}).json()["data"][0]
+    assert top.label == ours[0]["label"] and top.score == pytest.approx(ours[0]["score"], abs=1e-6)
+
+
+def test_embed_all_pools_into_the_models_vector(scoring_server):
+    """The packaged embedder mean-pools and normalises its token states: the mean of
+    `/embed_all`'s rows, normalised, is its `/v1/embeddings` vector."""
+    states = scoring_server.post("/embed_all", {"inputs": TEXTS}).json()
+    pooled = np.stack([np.mean(rows, axis=0) for rows in states])
+    pooled /= np.linalg.norm(pooled, axis=1, keepdims=True)
+    np.testing.assert_allclose(pooled, _ours(scoring_server, TEXTS), atol=1e-5)
+
+
+def test_raw_tei_embed_rerank_predict_info_decode(scoring_server):
+    vectors = scoring_server.post("/embed", {"inputs": TEXTS}).json()
+    np.testing.assert_allclose(vectors, _ours(scoring_server, TEXTS), atol=1e-6)
+    query = "what do embeddings do"
+    tei = scoring_server.post("/rerank", {"query": query, "texts": TEXTS}).json()
+    ours = scoring_server.post("/v1/rerank", {"model": RERANKER_NAME, "query": query, "documents": TEXTS}).json()
+    assert [r["index"] for r in tei] == [r["index"] for r in ours["results"]]
+    np.testing.assert_allclose([r["score"] for r in tei], [r["relevance_score"] for r in ours["results"]], atol=1e-6)
+    batch = scoring_server.post("/predict", {"inputs": TEXTS}).json()
+    classified = scoring_server.post("/v1/classify", {"model": CLASSIFIER_NAME, "input": TEXTS}).json()["data"]
+    assert batch == [[{"score": p["score"], "label": p["label"]} for p in row] for row in classified]
+    info = scoring_server.get("/info").json()
+    assert info["model_id"] == MODEL_NAME and "embedding" in info["model_type"]  # the first in models.toml
+    ids = [t["id"] for t in scoring_server.post("/tokenize", {"model": MODEL_NAME, "inputs": "hello"}).json()[0]]
+    assert scoring_server.post("/decode", {"ids": ids}).json() == ["hello"]
+    error = scoring_server.post("/rerank", {"query": query, "texts": TEXTS, "truncation_direction": "Left"})
+    assert error.status_code == 422 and error.json()["error_type"] == "Validation"
