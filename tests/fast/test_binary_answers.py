@@ -25,13 +25,18 @@ def _bfloat16(values: np.ndarray) -> np.ndarray:
     return rounded.astype(np.uint32).view(np.float32)
 
 
+async def _json_floats(client) -> tuple[dict, np.ndarray]:  # noqa: ANN001
+    """The JSON answer of TEXTS as floats, and its vectors."""
+    floats = await (await client.post("/v1/embeddings", json={"input": TEXTS})).json()
+    return floats, np.array([item["embedding"] for item in floats["data"]], dtype=np.float32)
+
+
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
 @pytest.mark.parametrize("endianness", ["little", "big", "native"])
 def test_a_binary_answer_round_trips_the_json_floats(dtype, endianness):
     async def test():
         async with serving() as client:
-            floats = await (await client.post("/v1/embeddings", json={"input": TEXTS})).json()
-            expected = np.array([item["embedding"] for item in floats["data"]], dtype=np.float32)
+            floats, expected = await _json_floats(client)
             answer = await client.post("/v1/embeddings", json={"input": TEXTS, "encoding_format": "bytes",
                                                                "embed_dtype": dtype, "endianness": endianness})
             assert answer.status == 200 and answer.content_type == CONTENT_TYPE
@@ -57,8 +62,7 @@ def test_base64_vectors_take_vllms_embed_dtype_and_endianness(dtype, endianness)
 
     async def test():
         async with serving() as client:
-            floats = await (await client.post("/v1/embeddings", json={"input": TEXTS})).json()
-            expected = np.array([item["embedding"] for item in floats["data"]], dtype=np.float32)
+            _, expected = await _json_floats(client)
             answer = await client.post("/v1/embeddings", json={"input": TEXTS, "encoding_format": "base64",
                                                                "embed_dtype": dtype, "endianness": endianness})
             assert answer.status == 200

@@ -37,13 +37,18 @@ class ScoreData(Struct):
     object: Literal["score"] = "score"
 
 
-class ScoreResponse(Struct, kw_only=True):
+class VllmList(Struct, kw_only=True):
+    """The envelope of vLLM's answers of a list: its items in each answer's `data`."""
+
     id: str
     object: Literal["list"] = "list"
     created: int
     model: str
-    data: list[ScoreData]
     usage: Usage
+
+
+class ScoreResponse(VllmList, kw_only=True):
+    data: list[ScoreData]
 
 
 class PoolingRequest(ModelRequest):
@@ -67,10 +72,5 @@ class PoolingData(Struct):
     object: Literal["pooling"] = "pooling"
 
 
-class PoolingResponse(Struct, kw_only=True):
-    id: str
-    object: Literal["list"] = "list"
-    created: int
-    model: str
+class PoolingResponse(VllmList, kw_only=True):
     data: list[PoolingData]
-    usage: Usage
