@@ -13,6 +13,7 @@ import msgspec
 import pytest
 
 from infinity.corpus.batch_file import Answerer, is_batch_file, parse_line, write_output
+from tests.support.answers import unstamped
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -83,15 +84,6 @@ BODIES = {
 }
 
 
-def _unstamped(body: dict) -> dict:
-    """An answer without what is each answer's own (an embeddings answer's `id` and
-    `created`), after checking it has them."""
-    if "data" not in body:
-        return body
-    assert body["id"].startswith("embd-") and isinstance(body["created"], int)
-    return {key: value for key, value in body.items() if key not in ("id", "created")}
-
-
 def test_a_batch_file_is_answered_as_the_server_answers_each_body(tmp_path: Path,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     from infinity.api.media_fetch import MediaFetcher
@@ -143,8 +135,8 @@ def test_a_batch_file_is_answered_as_the_server_answers_each_body(tmp_path: Path
         assert len(response["request_id"]) == 32 and set(response) == {"status_code", "request_id", "body"}
         status, body = served[line["custom_id"]]
         assert response["status_code"] == status, (line["custom_id"], response)
-        assert msgspec.json.encode(_unstamped(response["body"])) == msgspec.json.encode(
-            _unstamped(json.loads(body))), line["custom_id"]
+        assert msgspec.json.encode(unstamped(response["body"])) == msgspec.json.encode(
+            unstamped(json.loads(body))), line["custom_id"]
     statuses = {line["custom_id"]: line["response"]["status_code"] for line in answered}
     assert statuses == {"one text": 200, "texts": 200, "token ids": 200, "base64 and dimensions": 200, "types": 200,
                         "empty text": 422, "another model": 404, "bad field": 422, "too many dimensions": 422,

@@ -1,5 +1,6 @@
-"""How the tests read the server's answers: an `embedding` field (floats or base64) and
-the JSON error shape every error must have."""
+"""How the tests read the server's answers: an `embedding` field (floats or base64), an
+answer without what is each answer's own (`unstamped`), and the JSON error shape every
+error must have."""
 
 from __future__ import annotations
 
@@ -15,6 +16,15 @@ def decode_embedding(value: Any) -> np.ndarray:
     if isinstance(value, str):
         return np.frombuffer(base64.b64decode(value), dtype="<f4").astype(np.float32)
     return np.asarray(value, dtype=np.float32)
+
+
+def unstamped(body: dict) -> dict:
+    """An answer without what is each answer's own (an embeddings answer's `id` and
+    `created`, as vLLM and infinity answer them), after checking it has them."""
+    if "data" not in body:
+        return body
+    assert body["id"].startswith("embd-") and isinstance(body["created"], int), body
+    return {key: value for key, value in body.items() if key not in ("id", "created")}
 
 
 def assert_error(response: requests.Response, status: int) -> dict[str, Any]:

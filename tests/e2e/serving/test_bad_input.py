@@ -206,7 +206,7 @@ def test_unknown_model_is_404_and_lists_served_models(server):
 @pytest.mark.parametrize("method, path", [
     ("GET", "/v1/no-such-route"),
     ("POST", "/v2/embeddings"),
-    ("GET", "/"),
+    ("GET", "/v2"),
     ("POST", "/v1/embeddings/extra"),
 ])
 def test_unknown_route_is_404_json(server, method, path):
@@ -220,6 +220,7 @@ def test_unknown_route_is_404_json(server, method, path):
     ("DELETE", "/embeddings", "POST"),
     ("POST", "/v1/models", "GET"),
     ("POST", "/health", "GET"),
+    ("GET", "/", "POST"),  # TEI's Hugging Face inference form
 ])
 def test_wrong_method_is_405_json(server, method, path, allowed):
     response = requests.request(method, server.url(path), timeout=30)
