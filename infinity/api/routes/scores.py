@@ -28,6 +28,10 @@ from infinity.client.engine_client import ModelInputs, Result
 from infinity.client.topology import ServedModel
 
 RERANK_KINDS = kinds_serving("rerank")  # the model kinds each route serves
+# Where a returned document is Cohere's and Jina's object (`{"text"}`); on infinity's own
+# path, `/rerank`, it is the text itself, as infinity's client and LiteLLM's infinity
+# provider read it.
+COHERE_RERANK_PATHS = ("/v1/rerank", "/v2/rerank")
 CLASSIFY_KINDS = kinds_serving("classify")
 
 
@@ -77,8 +81,10 @@ async def rerank(request: web.Request, body: RerankRequest) -> RerankResponse:
     scores, best = best_chunks(scores, chunks)
     chunk_indices = best if chunked is not None and (chunked.long_inputs or model.spec.long_inputs) == "chunk" else None
     order = np.argsort(-scores, kind="stable")[:body.top_n or None]
+    as_text = not request.path.endswith(COHERE_RERANK_PATHS)
     results = [RerankResult(index=int(i), relevance_score=float(scores[i]),
-                            document=RerankDocument(documents[i]) if body.return_documents else UNSET,
+                            document=(documents[i] if as_text else RerankDocument(documents[i]))
+                            if body.return_documents else UNSET,
                             chunk_index=UNSET if chunk_indices is None else int(chunk_indices[i]))
                for i in order]
     return RerankResponse(

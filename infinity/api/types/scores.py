@@ -58,7 +58,9 @@ class RerankDocument(Struct):
 class RerankResult(Struct, kw_only=True):
     index: int  # of the document in the request
     relevance_score: float
-    document: RerankDocument | UnsetType = UNSET  # with `return_documents`
+    # With `return_documents`: Cohere's and Jina's object on /v1/rerank and /v2/rerank,
+    # infinity's text on /rerank.
+    document: RerankDocument | str | UnsetType = UNSET
     # Where documents were chunked: the chunk (from 0, in the document's order) that scored it.
     chunk_index: int | UnsetType = UNSET
 

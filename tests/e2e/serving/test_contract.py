@@ -155,6 +155,23 @@ def test_infinity_client_rerank(scoring_server, infinity_client):
         (r["index"], pytest.approx(r["relevance_score"], abs=1e-6)) for r in ours["results"]]
 
 
+def test_a_returned_document_is_infinitys_text_on_its_path_and_cohere_s_object_on_theirs(scoring_server,
+                                                                                       infinity_client):
+    """infinity's client (and LiteLLM's infinity provider) read `document` as a string on
+    /rerank; Cohere's SDK and Jina read `{"text"}` on /v1/rerank and /v2/rerank."""
+    from infinity_client.api.default import rerank
+    from infinity_client.models import RerankInput
+
+    query, documents = "the quick fox", ["a lazy dog", "quick brown fox jumps"]
+    answer = rerank.sync(client=infinity_client, body=RerankInput(query=query, documents=documents,
+                                                                  return_documents=True))
+    assert sorted(r.document for r in answer.results) == sorted(documents)
+    for path in ("/v1/rerank", "/v2/rerank"):
+        cohere = scoring_server.post(path, {"model": RERANKER_NAME, "query": query, "documents": documents,
+                                            "return_documents": True}).json()
+        assert sorted(r["document"]["text"] for r in cohere["results"]) == sorted(documents)
+
+
 def test_infinity_client_classify(scoring_server, infinity_client):
     from infinity_client.api.default import classify
     from infinity_client.models import ClassifyInput
