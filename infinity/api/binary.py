@@ -1,6 +1,6 @@
 """Raw binary embeddings: what `/v1/embeddings` answers to `encoding_format: "bytes"` (or
 to `Accept: application/octet-stream`), and `read_embeddings`, the one function a client
-reads it with (the README shows the same function to copy).
+reads it with (docs/api.md shows the same function to copy).
 
 The body: 4 bytes, the length N of a header (little-endian uint32); N bytes of JSON,
 padded with spaces so that the rows start at a multiple of 8 bytes:

@@ -1,6 +1,6 @@
 """Raw binary embeddings (`encoding_format: "bytes"`, `Accept: application/octet-stream`):
 the layout round-trips against the JSON floats in every wire type and byte order, the
-README's reader is the module's, and what a binary answer cannot hold is refused."""
+reader docs/api.md shows is the module's, and what a binary answer cannot hold is refused."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 from infinity.api.binary import CONTENT_TYPE, encode_rows, read_embeddings
 from tests.fast.inprocess import serving
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+API_DOCUMENT = Path(__file__).resolve().parents[2] / "docs" / "api.md"
 TEXTS = ["a short sentence", "another, somewhat longer sentence about trains", "x"]
 
 
@@ -133,10 +133,10 @@ def test_bfloat16_rounds_to_nearest_even_and_keeps_nan():
     assert np.isnan(vectors[0, 4])
 
 
-def test_the_readmes_reader_is_the_modules():
-    text = README.read_text()
+def test_the_api_documents_reader_is_the_modules():
+    text = API_DOCUMENT.read_text()
     code = re.search(r"```python\n(import json\n.*?def read_embeddings.*?)```", text, re.S)
-    assert code, "the README shows read_embeddings"
+    assert code, "docs/api.md shows read_embeddings"
     namespace: dict = {}
     exec(code.group(1), namespace)
     rows = np.random.default_rng(0).standard_normal((5, 7)).astype(np.float32)

@@ -1,7 +1,7 @@
 """The kinds table (infinity/shared/kinds.py) holds together: every kind names a head, a
 folder reader and (if it takes a medium) a preprocessor that exist with the functions the
 server calls; engines compute what the table says; every route serves some kind; and the
-README's kinds table names every kind with exactly the routes the server gives it."""
+kinds table of docs/api.md names every kind with exactly the routes the server gives it."""
 
 import importlib
 import re
@@ -22,8 +22,8 @@ CAPABILITIES = {"embed", "sparse", "rerank", "classify", "image_embed", "audio_e
 
 
 def _readme_kinds() -> dict[str, str]:
-    """The README's kinds table: kind -> what it serves."""
-    text = (ROOT / "README.md").read_text()
+    """The kinds table of docs/api.md: kind -> what it serves."""
+    text = (ROOT / "docs" / "api.md").read_text()
     table = text[text.index("| kind | what it serves |"):].split("\n\n")[0]
     return {match[1]: match[2] for match in re.finditer(r"^\| `(\w+)` \| (.*) \|$", table, re.M)}
 

@@ -1,6 +1,6 @@
 """Inputs longer than the model, the whole request path in one process on tiny folders
 (tests/fast/inprocess.py's `ModelLauncher`): chunked inputs held to sentence-transformers'
-vectors of each window, averaged by hand (the README's formula), with and without a prompt
+vectors of each window, averaged by hand (the formula of docs/api.md), with and without a prompt
 and overlap; `usage` counting every chunk; "error" naming the input and its tokens; the cap
 on chunks (422, and the server serves on); the queue's room for chunks (429, a less urgent
 request's share too); per-request overrides; long documents reranked

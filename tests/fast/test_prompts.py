@@ -183,13 +183,13 @@ def test_prompts_a_model_cannot_have_stop_the_start(tmp_path):
         resolve_model(ModelConfig(name="m", source=str(reranker), kind="rerank", prompts={"query": "q: "}))
 
 
-def test_the_readme_writes_the_family_table_down():
-    text = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+def test_the_api_document_writes_the_family_table_down():
+    text = (Path(__file__).resolve().parents[2] / "docs" / "api.md").read_text()
     table = text[text.index("| family | names | prompts |"):].split("\n\n")[0]
     rows = {row.split(" | ")[0].removeprefix("| "): row for row in table.splitlines()[2:]}
     assert list(rows) == [family.family for family in FAMILY_PROMPTS]
     for family in FAMILY_PROMPTS:
         for name, prompt in family.prompts.items():
-            spelled = prompt.replace("\n", "\\n")  # as the README's table writes a newline
+            spelled = prompt.replace("\n", "\\n")  # as the table of docs/api.md writes a newline
             assert f"`{name}`: " in rows[family.family] and (f"`{spelled}`" if prompt else f"`{name}`: none") in rows[
                 family.family], (family, name)

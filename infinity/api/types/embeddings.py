@@ -63,7 +63,7 @@ class EmbeddingRequest(PromptedRequest):
     messages: Annotated[list[ChatMessage], Meta(min_length=1)] | None = None
     model: str | None = None
     encoding_format: Annotated[Literal["float", "base64", "bytes", "bytes_only"], Meta(
-        description="bytes: the answer is the vectors' raw bytes (application/octet-stream, see the README), as "
+        description="bytes: the answer is the vectors' raw bytes (application/octet-stream, see docs/api.md), as "
                     "embed_dtype in endianness; bytes_only: the rows alone, without the header (vLLM's)")] = "float"
     embed_dtype: WireDtype = "float32"
     endianness: Endianness = "little"
@@ -89,7 +89,7 @@ class EmbeddingRequest(PromptedRequest):
     late_chunking: Annotated[bool, Meta(
         description="Each text read whole (where longer than the model, in windows sharing chunk_overlap tokens; none: "
                     "a quarter of a window), then one vector per span of it (spans or split), the mean of the token "
-                    "states its characters cover, in each item's spans (see the README)")] | None = None
+                    "states its characters cover, in each item's spans (see docs/api.md)")] | None = None
     spans: Annotated[list[list[CharacterSpan]], Meta(
         description="With late_chunking: per input, its spans as [start, end) character ranges")] | None = None
     split: Annotated[Literal["sentences"], Meta(

@@ -26,7 +26,7 @@ BASE64_DTYPES = {"float": "<f4", "int8": "i1", "uint8": "u1", "binary": "i1", "u
 
 
 def documented(floats: np.ndarray, embedding_type: str) -> np.ndarray:
-    """The README's definition of each type, for rows of float32 values."""
+    """The definition of each type in docs/api.md, for rows of float32 values."""
     x = np.asarray(floats, dtype=np.float32).astype(np.float64)
     if embedding_type == "float":
         return x
