@@ -165,7 +165,8 @@ def _read_entries(folder: Path, entries: list[dict]) -> tuple[DeclaredModule, ..
             raise ConfigError(f"{folder}: sentence-transformers module {kind} is unknown to this server "
                               f"(served: {', '.join(SERVED)})")
         module = DeclaredModule(name, kind, folder / entry.get("path", ""))
-        unknown = sorted(set(module.config()) - _CONFIG_KEYS.get(name, set(module.config())))
+        settings = set(module.config())
+        unknown = sorted(settings - _CONFIG_KEYS.get(name, settings))
         if unknown:
             raise ConfigError(f"{folder}: {name} module setting {', '.join(unknown)} is not served "
                               f"(read: {', '.join(sorted(_CONFIG_KEYS[name]))})")

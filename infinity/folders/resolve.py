@@ -80,7 +80,7 @@ def resolve_model(model: ModelConfig, cpu_bfloat16: bool = False) -> ModelSpec:
     tasks = fields.get("tasks", {})
     engine = _engine(model, kind, config, _reads_unattended_states(tasks))
     dtype, float32_engine = _dtype(model, config), None
-    if cpu_bfloat16 and _tries_bfloat16(model, kind) and config.get("model_type") != STATIC_FAMILY:
+    if cpu_bfloat16 and _tries_bfloat16(model, kind, config):
         float32_engine, engine, dtype = engine, _bfloat16_engine(model, kind, config, tasks), "bfloat16"
     lone_engines = _lone_engines(model, kind, config, float32_engine or (engine if dtype == "float32" else None),
                                  _reads_unattended_states(tasks))
@@ -131,12 +131,13 @@ def _dtype(model: ModelConfig, config: dict) -> str:
     return "bfloat16" if config.get("model_type") in NO_FLOAT16_FAMILIES else "float16"
 
 
-def _tries_bfloat16(model: ModelConfig, kind: str) -> bool:
+def _tries_bfloat16(model: ModelConfig, kind: str, config: dict) -> bool:
     """Whether `dtype = "auto"` may choose bfloat16 for `model`: on CPUs only, on the engines
     computing bfloat16 there (torch and OpenVINO; `auto` picks one, `_bfloat16_engine`), for
-    kinds with the bfloat16 trial."""
+    kinds with the bfloat16 trial, not for a static-embedding model (a look-up in float32)."""
     return (model.dtype == "auto" and model.engine in ("auto", "torch", "openvino") and not model.compile
-            and KINDS[kind].bfloat16_trial and all(devices.is_cpu(d) for d in model.devices))
+            and KINDS[kind].bfloat16_trial and all(devices.is_cpu(d) for d in model.devices)
+            and config.get("model_type") != STATIC_FAMILY)
 
 
 def _bfloat16_engine(model: ModelConfig, kind: str, config: dict, tasks: dict) -> str:

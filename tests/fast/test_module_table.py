@@ -193,6 +193,8 @@ def test_a_static_embedding_model_is_served_on_the_static_engine_alone(tmp_path,
     folder = str(save_static_embedder(tmp_path / "potion"))
     spec = resolve_model(ModelConfig(name="m", source=folder, device="cuda"))
     assert (spec.kind, spec.engine, spec.dtype, spec.max_length) == ("embed", "static", "float32", 8192)
+    trial = resolve_model(ModelConfig(name="m", source=folder), cpu_bfloat16=True)  # a look-up: no bfloat16 trial
+    assert (trial.engine, trial.dtype, trial.float32_engine) == ("static", "float32", None)
     assert json.loads((Path(spec.path) / "tokenizer.json").read_text())["post_processor"] is None
     with pytest.raises(ConfigError, match="static engine"):
         resolve_model(ModelConfig(name="m", source=folder, engine="torch"))

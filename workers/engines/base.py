@@ -114,8 +114,9 @@ def hidden_width(spec: ModelSpec) -> int:
     config: whatever key the family names it by (DistilBERT's `dim`, T5's `d_model`)."""
     from transformers import AutoConfig
 
-    if model_config(spec).get("model_type") == STATIC_FAMILY:  # a config the server wrote, not transformers'
-        return int(model_config(spec)["hidden_size"])
+    written = model_config(spec)
+    if written.get("model_type") == STATIC_FAMILY:  # a config the server wrote, not transformers'
+        return int(written["hidden_size"])
     config = AutoConfig.from_pretrained(spec.path, trust_remote_code=spec.trust_remote_code)
     return int(config.get_text_config().hidden_size)
 
