@@ -25,6 +25,8 @@ from infinity.api.types.embeddings import (AudioUrlPart, EmbeddingData, Embeddin
 from infinity.client.engine_client import EngineClient, ModelInputs, Result
 from infinity.client.topology import ServedModel
 from infinity.config import Config
+from infinity.shared.kinds import kinds_with
+from infinity.shared.protocol import UNNORMALIZED
 from infinity.shared.vectors import EmbeddingType, encode, encode_matrix, largest, shorten
 
 
@@ -60,7 +62,8 @@ class Embedder:
         if model.kind.late_interaction:
             return await self._multivector(model, inputs, body, types)
         # 0 asks for every dimension, as in infinity (its generated client sends 0 by default).
-        result, rows = await self.vectors(model, inputs, body.dimensions or None, "dimensions")
+        result, rows = await self.vectors(model, inputs, body.dimensions or None, "dimensions",
+                                          _unnormalized_by(body))
         if (body.embed_dtype, body.endianness) != ("float32", "little"):
             encoded = {"float": [base64.b64encode(row.tobytes()).decode()
                                  for row in wire_values(rows, body.embed_dtype, body.endianness)]}
@@ -92,7 +95,8 @@ class Embedder:
         body = with_input(body)
         _refuse_unserved_vllm_fields(model, body)
         inputs = await self._inputs(model, body)
-        result, rows = await self.vectors(model, inputs, body.dimensions or None, "dimensions")
+        result, rows = await self.vectors(model, inputs, body.dimensions or None, "dimensions",
+                                          _unnormalized_by(body))
         if body.encoding_format == "bytes_only":
             return wire_values(rows, body.embed_dtype, body.endianness).tobytes()
         return encode_rows(rows, body.embed_dtype, body.endianness,
@@ -116,17 +120,23 @@ class Embedder:
         return with_long_inputs(model, inputs, body.long_inputs, body.chunk_overlap)
 
     async def vectors(self, model: ServedModel, inputs: ModelInputs, dimensions: int | None,
-                      dimensions_param: str) -> tuple[Result, np.ndarray]:
+                      dimensions_param: str, unnormalized_by: str | None = None) -> tuple[Result, np.ndarray]:
         """Run `inputs` through an embedder; return the (released) result and its vectors as
         one (n, dim) float32 array (a chunked input's: its chunks' mean, `chunk_means`),
-        truncated to `dimensions` and re-normalised."""
+        truncated to `dimensions` and re-normalised; where the request field
+        `unnormalized_by` asks for them, the vectors before the model's final Normalize
+        (neither re-normalised)."""
         _check_dimensions(model, dimensions, dimensions_param)
+        before_normalize = unnormalized_by is not None and model.spec.normalize
+        if before_normalize:
+            _refuse_unless_unnormalized(model, unnormalized_by)
+            inputs = msgspec.structs.replace(inputs, vector_types=(*inputs.vector_types, UNNORMALIZED))
         result = await self.client.run(model, inputs)
         try:
-            rows = chunk_means(result, model.spec.normalize)
+            rows = chunk_means(result, model.spec.normalize and not before_normalize)
         finally:
             result.release()
-        return result, shorten(rows, dimensions)
+        return result, shorten(rows, dimensions, renormalize=unnormalized_by is None)
 
     async def sparse_vectors(self, model: ServedModel, inputs: ModelInputs,
                              top_k: int | None) -> tuple[Result, list[np.ndarray]]:
@@ -263,16 +273,17 @@ def _sparse_embedding(entries: np.ndarray) -> SparseEmbedding:
 
 def _refuse_unserved_vllm_fields(model: ServedModel, body: EmbeddingRequest) -> None:
     """A 422 for vLLM's fields where `body` asks what is not served: keeping inputs' last
-    tokens, texts without their special tokens, vectors without the final L2 normalisation
-    of a model that has one (of a model that has none, `use_activation: false` is what it gives)."""
+    tokens, texts without their special tokens, vectors before the final Normalize of a
+    model whose kind does not give them or in late chunking's spans."""
     refuse_kept_tokens(body.truncate_prompt_tokens, model.spec)
     if not body.add_special_tokens:
         raise APIError(422, "add_special_tokens false is not served: texts are embedded with the model's special "
                             "tokens, as it was trained", param="add_special_tokens")
     if body.use_activation is False and model.spec.normalize:
-        raise APIError(422, f"use_activation false asks for vectors without their L2 normalisation; model "
-                            f"'{model.spec.name}' normalises them in its last module, which is not left out here",
-                       param="use_activation")
+        _refuse_unless_unnormalized(model, "use_activation")
+        if body.late_chunking:
+            raise APIError(422, "use_activation false is not served with late chunking: its spans' vectors are "
+                                "normalised where the model normalises", param="use_activation")
 
 
 def _refuse_wire_type_unless_base64(model: ServedModel, body: EmbeddingRequest, default: EmbeddingType) -> None:
@@ -289,6 +300,21 @@ def _refuse_wire_type_unless_base64(model: ServedModel, body: EmbeddingRequest, 
         raise APIError(422, f"{param} is the wire type of float values: leave embedding_type(s) out", param=param)
     if model.kind.ragged or body.late_chunking or body.outputs is not None:
         raise APIError(422, f"{param} applies to models of one dense vector per input", param=param)
+
+
+def _unnormalized_by(body: EmbeddingRequest) -> str | None:
+    """The field of `body` that asks for vectors before the final Normalize (vLLM's
+    `use_activation: false`), or None."""
+    return "use_activation" if body.use_activation is False else None
+
+
+def _refuse_unless_unnormalized(model: ServedModel, param: str) -> None:
+    """A 422 naming `param` where it asks for the vectors before the final Normalize of a
+    model whose kind's head does not give them (`KindSpec.unnormalized`)."""
+    if not model.kind.unnormalized:
+        raise APIError(422, f"{param} asks for vectors before the model's final L2 normalisation, which the "
+                            f"{model.spec.kind} model '{model.spec.name}' does not give (only models of kind "
+                            f"{', '.join(kinds_with(lambda kind: kind.unnormalized))} do)", param=param)
 
 
 def _refuse_top_k(model: ServedModel, body: EmbeddingRequest) -> None:

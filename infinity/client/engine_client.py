@@ -121,8 +121,9 @@ class ModelInputs(msgspec.Struct, frozen=True):
     query: str | None = None
     task: str | None = None
     media: list[bytes] | None = None  # fetched bytes or data: URIs (see `protocol.Tokenize.media`)
-    # The outputs asked of a hybrid model (`KindSpec.vector_types`; none: its first), or
-    # `protocol.TOKEN_STATES` of a model of one vector per input (in `Result.ragged`).
+    # The outputs asked of a hybrid model (`KindSpec.vector_types`; none: its first), or of
+    # a model of one vector per input `protocol.TOKEN_STATES` (in `Result.ragged`) or
+    # `protocol.UNNORMALIZED` (its vectors before their final Normalize).
     vector_types: tuple[str, ...] = ()
     prompt: str | None = None
     # Inputs longer than the model: "truncate", "chunk" or "error" (None: as the model says),
@@ -628,13 +629,14 @@ def _vector_types(model: ServedModel, inputs: ModelInputs) -> list[str]:
     """The outputs a request asks of `model`: for a hybrid model, those `inputs` name, else
     its first (a dense vector, as routes that know no types answer); for queries of a
     model with a static query side, that side's weights (`protocol.QUERY_ROUTE`); for
-    other kinds, the token states where `inputs` name them (`protocol.TOKEN_STATES`), else nothing (a type
+    other kinds, the token states or the vectors before the final Normalize where `inputs`
+    name them (`protocol.TOKEN_STATES`, `protocol.UNNORMALIZED`), else nothing (a type
     that names their one output, as "sparse" of a sparse model, asks nothing more)."""
     if model.kind.vector_types:
         return list(inputs.vector_types or model.kind.vector_types[:1])
     if model.spec.query_weights is not None and inputs.task == "query":
         return [protocol.QUERY_ROUTE]
-    return [protocol.TOKEN_STATES] if protocol.TOKEN_STATES in inputs.vector_types else []
+    return [t for t in (protocol.TOKEN_STATES, protocol.UNNORMALIZED) if t in inputs.vector_types]
 
 
 def _within(texts: list[str] | None, limit: int) -> list[str] | None:

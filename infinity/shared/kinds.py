@@ -108,6 +108,9 @@ class KindSpec:
     # Several outputs from one pass, by name (BGE-M3's "dense", "sparse" and "multivector"):
     # each request asks for one or more of them, the first when it names none.
     vector_types: tuple[str, ...] = ()
+    # Its head gives an input's vector before the model's final Normalize where asked
+    # (`protocol.UNNORMALIZED`: TEI's `normalize: false`, vLLM's `use_activation: false`).
+    unnormalized: bool = False
 
     @property
     def medium(self) -> str | None:
@@ -141,7 +144,7 @@ class KindSpec:
 
 KINDS: dict[str, KindSpec] = {kind.name: kind for kind in (
     KindSpec("embed", ("embed",), {TEXT: RawOutput.TOKEN_STATES}, "workers.heads.pooled:PooledEmbedding",
-             "infinity.folders.encoder", bfloat16_trial=True),
+             "infinity.folders.encoder", bfloat16_trial=True, unnormalized=True),
     KindSpec("rerank", ("rerank",), {TEXT: RawOutput.SEQUENCE_LOGITS}, "workers.heads.scores:RelevanceScores",
              "infinity.folders.sequence_classification", pairs=True),
     KindSpec("classify", ("classify",), {TEXT: RawOutput.SEQUENCE_LOGITS}, "workers.heads.scores:ClassScores",

@@ -448,7 +448,8 @@ class Infer(msgspec.Struct, tag=True, array_like=True):
     priority: int = 0
     trace: str | None = None  # as `Tokenize.trace`
     # The outputs a hybrid model computes for it (`KindSpec.vector_types`); for a model of one
-    # vector per input, [TOKEN_STATES] asks for its token states instead; empty otherwise.
+    # vector per input, [TOKEN_STATES] asks for its token states instead, [UNNORMALIZED] its
+    # vectors before their final Normalize; empty otherwise.
     vector_types: list[str] = []
 
 
@@ -458,6 +459,10 @@ TOKEN_STATES = "token_states"
 # The output a model with a static query side gives for an `Infer` of queries: each input's
 # weights from its tokens alone, no pass of the model (`ModelSpec.query_weights`).
 QUERY_ROUTE = "query_route"
+# The output an embedder gives in place of its vectors where an `Infer` asks for it: each
+# input's vector before the model's final Normalize (TEI's `normalize: false`, vLLM's
+# `use_activation: false`), in the same arena row.
+UNNORMALIZED = "unnormalized"
 
 
 class Cancel(msgspec.Struct, tag=True, array_like=True):

@@ -39,13 +39,14 @@ EmbeddingType = Literal["float", "int8", "uint8", "binary", "ubinary"]
 EMBEDDING_TYPES: tuple[str, ...] = get_args(EmbeddingType)
 
 
-def shorten(rows: np.ndarray, dimensions: int | None) -> np.ndarray:
+def shorten(rows: np.ndarray, dimensions: int | None, renormalize: bool = True) -> np.ndarray:
     """(n, dim) float32 rows cut to their first `dimensions` values and re-normalised
-    (Matryoshka models); `rows` unchanged when `dimensions` is None or not fewer."""
+    unless told not to (Matryoshka models); `rows` unchanged when `dimensions` is None or
+    not fewer."""
     if dimensions is None or dimensions >= rows.shape[1]:
         return rows
     rows = rows[:, :dimensions]
-    return rows / np.maximum(np.linalg.norm(rows, axis=1, keepdims=True), 1e-12)
+    return rows / np.maximum(np.linalg.norm(rows, axis=1, keepdims=True), 1e-12) if renormalize else rows
 
 
 def largest(entries: np.ndarray, k: int) -> np.ndarray:

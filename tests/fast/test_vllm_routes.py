@@ -92,7 +92,6 @@ def test_vllms_bytes_only_answers_the_rows_alone():
     ({"truncate_prompt_tokens": 8}, "truncate_prompt_tokens"),
     ({"truncate_prompt_tokens": 8193}, "truncate_prompt_tokens"),
     ({"add_special_tokens": False}, "add_special_tokens"),
-    ({"use_activation": False}, "use_activation"),  # the fake model normalises its vectors
     ({"truncate_prompt_tokens": 8, "encoding_format": "bytes"}, "truncate_prompt_tokens"),
 ])
 def test_vllms_fields_that_cannot_be_honoured_are_refused_naming_them(body, param):
@@ -120,8 +119,7 @@ def test_pooling_answers_an_embedders_vectors_as_embeddings_does():
             np.testing.assert_allclose([item["data"] for item in body["data"]],
                                        [item["embedding"] for item in floats["data"]], atol=1e-6)
             assert body["usage"]["prompt_tokens"] == floats["usage"]["prompt_tokens"]
-            for fields, param in (({"task": "classify"}, "task"), ({"use_activation": False}, "use_activation"),
-                                  ({"truncate_prompt_tokens": 3}, "truncate_prompt_tokens")):
+            for fields, param in (({"task": "classify"}, "task"), ({"truncate_prompt_tokens": 3}, "truncate_prompt_tokens")):
                 refused = await client.post("/pooling", json={"input": TEXTS, **fields})
                 assert refused.status == 422 and (await refused.json())["error"]["param"] == param
 

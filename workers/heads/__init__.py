@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from infinity.shared.kinds import KINDS
-from infinity.shared.protocol import QUERY_ROUTE, TOKEN_STATES, ModelSpec
+from infinity.shared.protocol import QUERY_ROUTE, TOKEN_STATES, UNNORMALIZED, ModelSpec
 from workers.engines import load_engine
 from workers.engines.base import Engine, model_config
 from workers.heads.base import Head
@@ -47,7 +47,8 @@ class LoadedModel:
         input wants of a head that computes several (None: all of them, as a warm-up runs),
         or, of a head of one output, `TOKEN_STATES` where an input wants its token states
         (every attended token's) instead of the head's output: a dict of them for that
-        input, and `QUERY_ROUTE` where a query takes a static query side (the head's
+        input, `UNNORMALIZED` where it wants its vector before the model's final Normalize
+        (in its row of the head's output), and `QUERY_ROUTE` where a query takes a static query side (the head's
         `route_queries`), which no pass computes: its rows do not run through the engine."""
         routed = [row for row, types in enumerate(vector_types or []) if QUERY_ROUTE in types]
         if routed:
@@ -56,13 +57,26 @@ class LoadedModel:
         raw = self.engine.forward(input_ids, attention_mask, token_type_ids, wide=wide, express=express)
         mask = torch.from_numpy(attention_mask if read_mask is None else read_mask).to(raw.device)
         if not self.vector_types:
-            outputs = self.head(raw, mask)
+            outputs = self._vectors(raw, mask, vector_types or [])
             if not any(TOKEN_STATES in types for types in vector_types or []):
                 return outputs
             states = read_rows(raw.float(), torch.from_numpy(attention_mask).to(raw.device))
             return [{TOKEN_STATES: states[row]} if TOKEN_STATES in types else outputs[row]
                     for row, types in enumerate(vector_types or [])]
         return self.head(raw, mask, input_ids, vector_types or [self.vector_types] * len(input_ids))
+
+    def _vectors(self, raw: torch.Tensor, mask: torch.Tensor, vector_types: list[tuple[str, ...]]
+                 ) -> np.ndarray | list[np.ndarray]:
+        """The head's output of a batch, each row that wants `UNNORMALIZED` before the
+        model's final Normalize (a `NormalizingHead`'s; the front end asks no other)."""
+        rows = [row for row, types in enumerate(vector_types) if UNNORMALIZED in types]
+        if not rows:
+            return self.head(raw, mask)
+        if len(rows) == len(raw):
+            return self.head(raw, mask, normalized=False)
+        outputs = self.head(raw, mask)
+        outputs[rows] = self.head(raw[rows], mask[rows], normalized=False)
+        return outputs
 
     def _with_routed_queries(self, routed: list[int], input_ids: np.ndarray, attention_mask: np.ndarray,
                              token_type_ids: np.ndarray, wide: bool, read_mask: np.ndarray | None, express: bool,

@@ -43,3 +43,13 @@ class TypedHead(Head, Protocol):
         """As `Head.__call__`, with the (n, longest) ids of the inputs (right-padded) and
         the types each input's request asks for."""
         ...
+
+
+class NormalizingHead(Head, Protocol):
+    """The head of a kind whose vectors may be asked for before the model's final
+    Normalize (`KindSpec.unnormalized`, `protocol.UNNORMALIZED`)."""
+
+    def __call__(self, raw: torch.Tensor, mask: torch.Tensor, normalized: bool = True) -> np.ndarray:
+        """As `Head.__call__`; `normalized` false: each vector before the model's final
+        Normalize (as it is where the model ends with none)."""
+        ...

@@ -133,10 +133,14 @@ class ModuleChain:
             raise ValueError(f"{step} takes {wanted} values; {feature} has {widths[feature]}")
         return widths[feature]
 
-    def __call__(self, states: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """(n, L, d) token states and the (n, L) mask of the tokens read -> (n, dim) float32."""
+    def __call__(self, states: torch.Tensor, mask: torch.Tensor, normalized: bool = True) -> torch.Tensor:
+        """(n, L, d) token states and the (n, L) mask of the tokens read -> (n, dim) float32;
+        `normalized` false: without the last step where it is a Normalize of the vector."""
         features = {TOKEN_FEATURE: states}
-        for step, layer in zip(self._steps, self._layers, strict=True):
+        steps = self._steps
+        if not normalized and steps and steps[-1] == NormalizeStep():
+            steps = steps[:-1]
+        for step, layer in zip(steps, self._layers[:len(steps)], strict=True):
             if isinstance(step, PoolStep):
                 pooled = [pool(mode, features[TOKEN_FEATURE], mask).float() for mode in step.modes]
                 features[SENTENCE_FEATURE] = pooled[0] if len(pooled) == 1 else torch.cat(pooled, dim=-1)

@@ -24,10 +24,10 @@ class PooledEmbedding:
         self._plain_mean = steps in PLAIN_MEANS
         self._normalize = steps[-1] == NormalizeStep()
 
-    def __call__(self, raw: torch.Tensor, mask: torch.Tensor) -> np.ndarray:
+    def __call__(self, raw: torch.Tensor, mask: torch.Tensor, normalized: bool = True) -> np.ndarray:
         if self._plain_mean and raw.dtype == torch.float32 and raw.device.type == "cpu":
-            return mean_rows(raw.numpy(), mask.numpy(), self._normalize)
-        return self._chain(raw, mask).cpu().numpy()
+            return mean_rows(raw.numpy(), mask.numpy(), self._normalize and normalized)
+        return self._chain(raw, mask, normalized).cpu().numpy()
 
 
 def mean_rows(hidden: np.ndarray, mask: np.ndarray, normalize: bool) -> np.ndarray:

@@ -67,16 +67,13 @@ def _cut(truncate: bool | None, inputs: ModelInputs) -> ModelInputs:
 
 
 async def tei_embed(request: web.Request, body: TEIEmbedRequest) -> TEIEmbedResponse:
-    """TEI's `/embed`: a vector per input, L2-normalised unless `normalize` is false (served
-    on a model whose chain does not end with Normalize: its vector as it is)."""
+    """TEI's `/embed`: a vector per input, L2-normalised unless `normalize` is false (then
+    the vector before the model's final Normalize, or as it is where it ends with none)."""
     model = tei_model(request, embeddings.COHERE_KINDS)
-    if not body.normalize and model.spec.normalize:
-        raise APIError(422, f"normalize: false asks for the vector before the final Normalize of model "
-                            f"'{model.spec.name}', which this server does not compute", param="normalize")
     inputs = with_prompt(model, text_or_token_inputs(body.inputs, max_items(request), "inputs"), None,
                          body.prompt_name, None)
     _, rows = await embeddings.embedder(request).vectors(model, _cut(body.truncate, inputs), body.dimensions,
-                                                         "dimensions")
+                                                         "dimensions", None if body.normalize else "normalize")
     if body.normalize and not model.spec.normalize:
         rows = rows / np.maximum(np.linalg.norm(rows, axis=1, keepdims=True), 1e-12)
     return TEIEmbedResponse(rows.tolist())

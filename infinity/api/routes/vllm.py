@@ -16,8 +16,8 @@ from aiohttp import web
 from infinity.api import openapi
 from infinity.api.errors import APIError
 from infinity.api.inputs import refuse_kept_tokens, text_or_token_inputs
-from infinity.api.long_inputs import chunk_means
 from infinity.api.routes.common import ENGINE_CLIENT, MODEL_ERRORS, Route, max_items, served_model
+from infinity.api.routes.embeddings import embedder
 from infinity.api.routes.scores import activate
 from infinity.api.routes.status import health
 from infinity.api.types.common import Usage
@@ -136,19 +136,18 @@ async def pooling(request: web.Request, body: PoolingRequest) -> PoolingResponse
     task = POOLING_TASKS[model.spec.kind]
     if body.task not in (None, task):
         raise APIError(422, f"model '{model.spec.name}' pools for task {task!r}, not {body.task!r}", param="task")
-    if task == "embed" and body.use_activation is False and model.spec.normalize:
-        raise APIError(422, f"use_activation false asks for vectors without their L2 normalisation; model "
-                            f"'{model.spec.name}' normalises them in its last module, which is not left out here",
-                       param="use_activation")
     inputs = text_or_token_inputs(body.input, max_items(request))
-    result = await request.app[ENGINE_CLIENT].run(model, inputs)
-    try:
-        rows = chunk_means(result, model.spec.normalize) if task == "embed" else result.stacked()
-        activation = result.activation
-    finally:
-        result.release()
-    if task == "classify" and body.use_activation is not False:
-        rows = activate(rows, activation)
+    if task == "embed":
+        result, rows = await embedder(request).vectors(
+            model, inputs, None, "dimensions", "use_activation" if body.use_activation is False else None)
+    else:
+        result = await request.app[ENGINE_CLIENT].run(model, inputs)
+        try:
+            rows = result.stacked()
+        finally:
+            result.release()
+        if body.use_activation is not False:
+            rows = activate(rows, result.activation)
     return PoolingResponse(id=f"pool-{uuid.uuid4().hex}", created=int(time.time()), model=model.spec.name,
                            data=[PoolingData(index=i, data=row.tolist()) for i, row in enumerate(rows)],
                            usage=Usage.of(result))

@@ -57,6 +57,40 @@ def test_an_embedder_gives_sentence_transformers_vectors(zoo, name):
     assert _cosines(np.array([alone]), expected[1:2])[0] >= COSINE
 
 
+@pytest.mark.parametrize("name", ["bert-cls", "sentence-t5", "embeddinggemma", "model2vec"])
+def test_vectors_before_the_final_normalize_are_sentence_transformers_without_it(zoo, name):
+    """vLLM's `use_activation: false` (on `/v1/embeddings` and `/pooling`; TEI's `normalize:
+    false` is the same request inside) on a model whose chain ends with Normalize: its
+    vector from every module before that one (a plain mean, Dense layers, a static model),
+    held to sentence-transformers run without its last module; `dimensions` cuts it
+    without re-normalising."""
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.base.modules import Normalize
+
+    server, folders = zoo
+    reference = SentenceTransformer(str(folders[name]), device="cpu")
+    modules = list(reference)
+    assert isinstance(modules[-1], Normalize)
+    expected = SentenceTransformer(modules=modules[:-1], device="cpu").encode(TEXTS, convert_to_numpy=True)
+    assert not np.allclose(np.linalg.norm(expected, axis=1), 1.0)
+    vllm = server.embed(TEXTS, model=name, use_activation=False)
+    pooled = server.post("/pooling", {"model": name, "input": TEXTS, "use_activation": False})
+    for answer in (vllm, pooled):
+        assert answer.status_code == 200, answer.text
+    rows = {"use_activation": np.array([item["embedding"] for item in vllm.json()["data"]], dtype=np.float32),
+            "pooling": np.array([item["data"] for item in pooled.json()["data"]], dtype=np.float32)}
+    for route, got in rows.items():
+        assert (_cosines(got, expected) >= COSINE).all(), (route, _cosines(got, expected))
+        np.testing.assert_allclose(np.linalg.norm(got, axis=1), np.linalg.norm(expected, axis=1), rtol=1e-4)
+    short = server.embed(TEXTS, model=name, use_activation=False, dimensions=8).json()["data"]
+    # Two requests' vectors (other batches): their sums may round apart, as SAME_TEXTS_ATOL says of unit vectors.
+    np.testing.assert_allclose([item["embedding"] for item in short], rows["use_activation"][:, :8], rtol=1e-5,
+                               atol=1e-6)
+    normalised = np.array([item["embedding"] for item in server.embed(TEXTS, model=name).json()["data"]])
+    np.testing.assert_allclose(normalised, rows["use_activation"] / np.linalg.norm(
+        rows["use_activation"], axis=1, keepdims=True), atol=1e-6)
+
+
 @pytest.mark.parametrize("name", [name for name in SCORERS if "cross-encoder" in name])
 def test_a_cross_encoder_scores_as_sentence_transformers(zoo, name):
     from sentence_transformers import CrossEncoder

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.support.reference import MODEL_NAME
+from tests.support.reference import MODEL_NAME, assert_close
 from tests.support.tiny_models import CLASSIFIER_NAME, RERANKER_NAME
 
 pytestmark = pytest.mark.timeout(300)
@@ -47,6 +47,21 @@ def test_embed_all_pools_into_the_models_vector(scoring_server):
     pooled = np.stack([np.mean(rows, axis=0) for rows in states])
     pooled /= np.linalg.norm(pooled, axis=1, keepdims=True)
     np.testing.assert_allclose(pooled, _ours(scoring_server, TEXTS), atol=1e-5)
+
+
+def test_normalize_false_is_sentence_transformers_without_its_normalize(scoring_server, reference_model):
+    """TEI's `normalize: false` on the packaged embedder (mean, then Normalize): the mean
+    itself, as sentence-transformers gives it run without its last module."""
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.base.modules import Normalize
+
+    modules = list(reference_model)
+    assert isinstance(modules[-1], Normalize)
+    expected = SentenceTransformer(modules=modules[:-1], device="cpu").encode(TEXTS, convert_to_numpy=True)
+    got = np.array(scoring_server.post("/embed", {"inputs": TEXTS, "normalize": False}).json(), dtype=np.float32)
+    for served, reference in zip(got, expected):
+        assert_close(served, reference, "normalize: false")
+    np.testing.assert_allclose(np.linalg.norm(got, axis=1), np.linalg.norm(expected, axis=1), rtol=1e-4)
 
 
 def test_raw_tei_embed_rerank_predict_info_decode(scoring_server):
