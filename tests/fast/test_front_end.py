@@ -63,6 +63,21 @@ def test_embeddings_are_the_engines_pooled_output_in_float_and_base64(model_toke
     _run(test)
 
 
+def test_a_null_encoding_format_is_float_as_openai_reads_it(model_tokenizer):
+    """LiteLLM's openai provider sends `"encoding_format": null` (so that its openai client
+    adds no base64): OpenAI reads null as its default, float, and so does the server."""
+    async def test():
+        async with serving() as client:
+            answer = await client.post("/v1/embeddings", json={"input": TEXTS, "encoding_format": None})
+            floats = await answer.json()
+            unknown = await client.post("/v1/embeddings", json={"input": TEXTS, "encoding_format": "floats"})
+        assert answer.status == 200, floats
+        got = np.array([item["embedding"] for item in floats["data"]], dtype=np.float32)
+        np.testing.assert_allclose(got, _expected(model_tokenizer, TEXTS), atol=1e-6)
+        assert unknown.status == 422  # null is the default; a misspelt format is still refused
+    _run(test)
+
+
 def test_a_lone_short_text_tokenized_in_the_front_end_and_token_ids_give_the_same(model_tokenizer):
     async def test():
         async with serving() as client:

@@ -62,9 +62,12 @@ class EmbeddingRequest(PromptedRequest):
     input: TextOrTokens | None = None
     messages: Annotated[list[ChatMessage], Meta(min_length=1)] | None = None
     model: str | None = None
+    # null is the default, as OpenAI reads it: LiteLLM's openai provider sends null so that
+    # its openai client does not put base64 in (see __post_init__).
     encoding_format: Annotated[Literal["float", "base64", "bytes", "bytes_only"], Meta(
         description="bytes: the answer is the vectors' raw bytes (application/octet-stream, see docs/api.md), as "
-                    "embed_dtype in endianness; bytes_only: the rows alone, without the header (vLLM's)")] = "float"
+                    "embed_dtype in endianness; bytes_only: the rows alone, without the header (vLLM's); "
+                    "null: float")] | None = "float"
     embed_dtype: WireDtype = "float32"
     endianness: Endianness = "little"
     dimensions: Annotated[int, Meta(description="Keep the first this many dimensions, then re-normalise; "
@@ -104,6 +107,10 @@ class EmbeddingRequest(PromptedRequest):
     use_activation: Annotated[bool, Meta(description=(
         "vLLM's: false asks for vectors without their final L2 normalisation: served for models that do not "
         "normalise, refused for those that do"))] | None = None
+
+    def __post_init__(self) -> None:
+        if self.encoding_format is None:
+            self.encoding_format = "float"
 
     def output_types(self, default: EmbeddingType) -> list[EmbeddingType]:
         """The requested types (see `output_types`); `embedding_type` stands in for the default."""
