@@ -50,6 +50,9 @@ class Operation:
     answer: type[msgspec.Struct] | NewType | tuple[type[msgspec.Struct] | NewType, ...]
     errors: tuple[int, ...]
     kinds: tuple[str, ...] = ()  # the kinds of model the body's `model` may name (embed, rerank, ...)
+    # Its bodies are other operations' and each is served as there, where their kinds apply
+    # (SageMaker's one path): it declares none of its own.
+    forwards: bool = False
     media: bool = False  # its inputs are always media (data: URIs, URLs), not texts
     binary: bool = False  # it may also answer raw bytes (application/octet-stream), as its body asks
     error_answer: Any = ErrorResponse  # the shape of its errors (a dialect's own), or a tuple of shapes

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
+import msgspec
 from msgspec import Struct
 
 from infinity.api import openapi
@@ -90,3 +91,12 @@ def max_items(request: web.Request) -> int:
     server = request.app[CONFIG].server
     return min(server.max_items_per_request, server.max_queued_items)
 
+
+
+def body_members(body: bytes) -> dict[str, msgspec.Raw] | None:
+    """A JSON object's members, undecoded (what a path of several dialects tells them by);
+    None for anything else (its route's own type then says what is wrong)."""
+    try:
+        return msgspec.json.decode(body, type=dict[str, msgspec.Raw])
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
+        return None

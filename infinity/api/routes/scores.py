@@ -24,14 +24,15 @@ from infinity.api.routes.common import (CONFIG, ENGINE_CLIENT, FETCHER, MODEL_ER
 from infinity.api.types.common import ApiVersion, BilledUnits, CohereMeta, InputTokens, Usage
 from infinity.api.types.scores import (ClassifyRequest, ClassifyResponse, LabelScore, RerankDocument, RerankRequest,
                                        RerankResponse, RerankResult)
+from infinity.api.types.vllm import VllmClassData, VllmClassifyResponse
 from infinity.client.engine_client import ModelInputs, Result
 from infinity.client.topology import ServedModel
 
 RERANK_KINDS = kinds_serving("rerank")  # the model kinds each route serves
-# Where a returned document is Cohere's and Jina's object (`{"text"}`); on infinity's own
-# path, `/rerank`, it is the text itself, as infinity's client and LiteLLM's infinity
-# provider read it.
-COHERE_RERANK_PATHS = ("/v1/rerank", "/v2/rerank")
+# Where a returned document is Cohere's, Jina's and vLLM's object (`{"text"}`); on
+# infinity's own path, `/rerank`, it is the text itself, as infinity's client and LiteLLM's
+# infinity provider read it.
+DOCUMENT_OBJECT_PATHS = ("/v1/rerank", "/v2/rerank", "/invocations")
 CLASSIFY_KINDS = kinds_serving("classify")
 
 
@@ -81,7 +82,7 @@ async def rerank(request: web.Request, body: RerankRequest) -> RerankResponse:
     scores, best = best_chunks(scores, chunks)
     chunk_indices = best if chunked is not None and (chunked.long_inputs or model.spec.long_inputs) == "chunk" else None
     order = np.argsort(-scores, kind="stable")[:body.top_n or None]
-    as_text = not request.path.endswith(COHERE_RERANK_PATHS)
+    as_text = not request.path.endswith(DOCUMENT_OBJECT_PATHS)
     results = [RerankResult(index=int(i), relevance_score=float(scores[i]),
                             document=(documents[i] if as_text else RerankDocument(documents[i]))
                             if body.return_documents else UNSET,
@@ -166,9 +167,20 @@ def maxsim(query: np.ndarray, document: np.ndarray) -> float:
     return float((query @ document.T).max(axis=1).sum())
 
 
-async def classify(request: web.Request, body: ClassifyRequest) -> ClassifyResponse:
+async def classify(request: web.Request, body: ClassifyRequest) -> ClassifyResponse | VllmClassifyResponse:
+    """Every label's score for each input: infinity's answer (labels best first), or
+    vLLM's (probabilities in label order) where the body is vLLM's (`vllm_shaped`)."""
+    return await classes(request, body, body.vllm_shaped)
+
+
+async def classes(request: web.Request, body: ClassifyRequest, vllm_shaped: bool
+                  ) -> ClassifyResponse | VllmClassifyResponse:
+    """`classify`'s answer, in vLLM's shape or infinity's as `vllm_shaped` says."""
     model = served_model(request, body.model, CLASSIFY_KINDS)
     refuse_kept_tokens(body.truncate_prompt_tokens, model.spec)
+    if body.add_special_tokens is False:
+        raise APIError(422, "add_special_tokens false is not served: texts are classified with the model's special "
+                            "tokens, as it was trained", param="add_special_tokens")
     inputs = text_or_token_inputs(body.input, max_items(request))
     result = await request.app[ENGINE_CLIENT].run(model, inputs)
     try:
@@ -176,9 +188,14 @@ async def classify(request: web.Request, body: ClassifyRequest) -> ClassifyRespo
     finally:
         result.release()
     scores = logits if body.raw_scores or body.use_activation is False else activate(logits, result.activation)
-    labels = result.labels
+    labels, created = result.labels, int(time.time())
+    if vllm_shaped:
+        data = [VllmClassData(index=i, label=labels[int(np.argmax(row))], probs=row.astype(float).tolist(),
+                              num_classes=len(labels)) for i, row in enumerate(scores)]
+        return VllmClassifyResponse(id=f"classify-{uuid.uuid4().hex}", created=created, model=model.spec.name,
+                                    data=data, usage=Usage.of(result))
     data = [[LabelScore(labels[j], float(row[j])) for j in np.argsort(-row, kind="stable")] for row in scores]
-    return ClassifyResponse(id=uuid.uuid4().hex, created=int(time.time()), data=data, model=model.spec.name,
+    return ClassifyResponse(id=uuid.uuid4().hex, created=created, data=data, model=model.spec.name,
                             usage=Usage.of(result))
 
 
@@ -197,6 +214,7 @@ ROUTES = [
     Route(openapi.Operation("post", "/v1/rerank", ("/v2/rerank",),
                             "Score documents against a query, best first (Cohere v1 and v2, Jina)",
                             RerankRequest, RerankResponse, MODEL_ERRORS, RERANK_KINDS), rerank),
-    Route(openapi.Operation("post", "/v1/classify", ("/classify",), "Every label's score for each input",
-                            ClassifyRequest, ClassifyResponse, MODEL_ERRORS, CLASSIFY_KINDS), classify),
+    Route(openapi.Operation("post", "/v1/classify", ("/classify",), "Every label's score for each input "
+                            "(infinity; vLLM's answer where the body holds vLLM's fields)", ClassifyRequest,
+                            (ClassifyResponse, VllmClassifyResponse), MODEL_ERRORS, CLASSIFY_KINDS), classify),
 ]

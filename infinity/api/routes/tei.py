@@ -22,7 +22,7 @@ from infinity.api.inputs import text_or_token_inputs
 from infinity.api.metrics import MODEL
 from infinity.api.prompts import with_prompt
 from infinity.api.routes import embeddings, scores, tokens
-from infinity.api.routes.common import CONFIG, ENGINE_CLIENT, MODEL_ERRORS, Route, max_items
+from infinity.api.routes.common import CONFIG, ENGINE_CLIENT, MODEL_ERRORS, Route, body_members, max_items
 from infinity.api.types.embeddings import CohereEmbedRequest, CohereEmbedResponse
 from infinity.api.types.scores import ClassifyRequest, RerankRequest, RerankResponse
 from infinity.api.types.tei import (DecodeResponse, SimilarityResponse, TEIDecodeRequest, TEIEmbedAllRequest,
@@ -99,7 +99,7 @@ def embed_body_of(_: web.Request, body: bytes) -> type[msgspec.Struct]:
     """`/embed`'s dialect: Cohere's where the body holds any of its own keys (`texts`,
     `images`, `embedding_types`, `input_type`) or `inputs` of objects (v2's content parts);
     TEI's otherwise (`inputs` as a text, texts or token ids)."""
-    members = _members(body)
+    members = body_members(body)
     if members is None or {"texts", "images", "embedding_types", "input_type"} & members.keys():
         return CohereEmbedRequest
     inputs = members.get("inputs")
@@ -111,18 +111,9 @@ def embed_body_of(_: web.Request, body: bytes) -> type[msgspec.Struct]:
 def rerank_body_of(_: web.Request, body: bytes) -> type[msgspec.Struct]:
     """`/rerank`'s dialect: TEI's where the body holds `texts` and no `documents`;
     Cohere's and Jina's otherwise."""
-    members = _members(body)
+    members = body_members(body)
     return TEIRerankRequest if members is not None and "texts" in members and "documents" not in members \
         else RerankRequest
-
-
-def _members(body: bytes) -> dict[str, msgspec.Raw] | None:
-    """A JSON object's members, undecoded; None for anything else (its route's own type
-    then says what is wrong)."""
-    try:
-        return msgspec.json.decode(body, type=dict[str, msgspec.Raw])
-    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
-        return None
 
 
 async def embed(request: web.Request, body: TEIEmbedRequest | CohereEmbedRequest
@@ -249,7 +240,7 @@ def root_body_of(request: web.Request, body: bytes) -> type[msgspec.Struct]:
     """`POST /`'s body, by its keys: `texts` is TEI's rerank, `inputs` holding an object
     `{source_sentence, sentences}` its similarity; other `inputs` are classified where the
     model `POST /` serves (`root_model`) is a classifier, else embedded."""
-    members = _members(body) or {}
+    members = body_members(body) or {}
     if "texts" in members:
         return TEIRerankRequest
     if bytes(members.get("inputs", b"")).lstrip().startswith(b"{"):

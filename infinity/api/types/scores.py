@@ -43,12 +43,23 @@ class RerankRequest(ModelRequest):
 
 
 class ClassifyRequest(ModelRequest):
+    """infinity's classify body, and vLLM's: a body holding any of vLLM's own fields
+    (`use_activation`, `truncate_prompt_tokens`, `add_special_tokens`) is answered in
+    vLLM's shape (`vllm_shaped`), any other in infinity's."""
+
     input: TextOrTokens
     model: str | None = None
     raw_scores: bool = False
     use_activation: Annotated[bool, Meta(description="vLLM's: false answers the logits, as raw_scores")] | None = None
     truncate_prompt_tokens: Annotated[int, Meta(ge=-1, description=(
         "vLLM's: -1 (or none): inputs cut to the model's length; a count of tokens to keep is refused here"))] | None = None
+    add_special_tokens: Annotated[bool, Meta(description=(
+        "vLLM's: true (or none) only: texts are read with the model's special tokens"))] | None = None
+
+    @property
+    def vllm_shaped(self) -> bool:
+        return any(field is not None for field in (self.use_activation, self.truncate_prompt_tokens,
+                                                   self.add_special_tokens))
 
 
 class RerankDocument(Struct):

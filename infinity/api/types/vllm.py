@@ -1,5 +1,5 @@
 """Bodies of vLLM's own pooling routes: `/score`, in its older form (`text_1`, `text_2`)
-and its newer (`queries`, `documents`), and `/pooling`."""
+and its newer (`queries`, `documents`), and `/pooling`; vLLM's answer of `/classify`."""
 
 from __future__ import annotations
 
@@ -74,3 +74,17 @@ class PoolingData(Struct):
 
 class PoolingResponse(VllmList, kw_only=True):
     data: list[PoolingData]
+
+
+class VllmClassData(Struct):
+    """An input's classes as vLLM answers them: its most likely label and every class's
+    probability (or logit), in label order."""
+
+    index: int
+    label: str | None
+    probs: list[float]
+    num_classes: int
+
+
+class VllmClassifyResponse(VllmList, kw_only=True):
+    data: list[VllmClassData]

@@ -44,7 +44,7 @@ def test_an_embedders_pairs_score_as_the_cosine_of_sentence_transformers_vectors
 
 
 def test_use_activation_false_answers_logits_on_rerank_and_classify(scoring_server):
-    from tests.support.tiny_models import CLASSIFIER_NAME
+    from tests.support.tiny_models import CLASSIFIER_LABELS, CLASSIFIER_NAME
 
     def rerank(**fields):
         answer = scoring_server.post("/v1/rerank", {"model": RERANKER_NAME, "query": QUERIES[0],
@@ -59,7 +59,14 @@ def test_use_activation_false_answers_logits_on_rerank_and_classify(scoring_serv
         assert answer.status_code == 200, answer.text
         return answer.json()["data"]
 
-    assert classify(use_activation=False) == classify(raw_scores=True) != classify()
+    # vLLM's field asks vLLM's answer: every class's value in label order, its best label.
+    raw, probabilities = classify(raw_scores=True), classify()
+    assert raw != probabilities
+    for use_activation, expected in ((False, raw), (True, probabilities)):
+        for item, row in zip(classify(use_activation=use_activation), expected, strict=True):
+            by_label = {score["label"]: score["score"] for score in row}
+            assert item["label"] == row[0]["label"] and item["num_classes"] == len(CLASSIFIER_LABELS)
+            np.testing.assert_allclose(item["probs"], [by_label[label] for label in CLASSIFIER_LABELS], atol=1e-6)
     refused = scoring_server.post("/v1/rerank", {"model": RERANKER_NAME, "query": "q", "documents": ["d"],
                                                  "truncate_prompt_tokens": 4})
     assert refused.status_code == 422 and refused.json()["error"]["param"] == "truncate_prompt_tokens"
