@@ -158,6 +158,9 @@ class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     # load finds it faster and its vectors within a cosine of float32's
     # (workers/inference/precision.py); false: float32 always.
     auto_bfloat16: bool = True
+    # A request field that no server this one stands in for names (infinity/api/peer_fields.py):
+    # refused with a 422 naming it, as OpenAI refuses one; "ignore": decoded as if absent.
+    unknown_fields: Literal["refuse", "ignore"] = "refuse"
 
     def __post_init__(self) -> None:
         if not 0 < self.port < 65536:

@@ -275,7 +275,8 @@ async def _read(request: web.Request, request_type: type[Struct], media: bool = 
     if hdrs.CONTENT_TYPE in request.headers and not _is_json(request.content_type):
         raise APIError(415, f"the request body must be JSON (Content-Type: application/json), "
                             f"not {request.content_type}", code="unsupported_media_type")
-    return decode_body(request[BODY], request_type, None if media else request.app[MAX_INPUT_CHARS])
+    return decode_body(request[BODY], request_type, None if media else request.app[MAX_INPUT_CHARS],
+                       request.app[CONFIG].server.unknown_fields)
 
 
 def _is_json(media_type: str) -> bool:

@@ -11,9 +11,13 @@ import msgspec
 import numpy as np
 
 from infinity.api.errors import APIError
+from infinity.api.peer_fields import check_fields
 
-def decode_body(body: bytes | bytearray, request_type: type[msgspec.Struct], max_chars: int | None = None) -> Any:
-    """Decode a JSON body into `request_type`, or raise the matching 400/422 APIError.
+def decode_body(body: bytes | bytearray, request_type: type[msgspec.Struct], max_chars: int | None = None,
+                unknown_fields: str = "refuse") -> Any:
+    """Decode a JSON body into `request_type`, or raise the matching 400/422 APIError: a
+    key the type does not take is refused as `infinity.api.peer_fields` says (a peer's
+    field not served here; another key unless `unknown_fields` is "ignore").
 
     With `max_chars`, a text in the body longer than that (at the top level, or an item of
     a top-level list) is decoded only in part, still more than `max_chars` characters of
@@ -31,6 +35,7 @@ def decode_body(body: bytes | bytearray, request_type: type[msgspec.Struct], max
         repeated = _repeated_key(body, members)
         if repeated is not None:
             raise APIError(400, f"the request body names '{repeated}' more than once", param=repeated)
+        check_fields(request_type, members, unknown_fields)
         if max_chars is not None and not _carries_media(members):
             body = _shortened(body, members, max_chars)
     try:

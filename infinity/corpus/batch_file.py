@@ -135,12 +135,13 @@ class Answerer:
     def __init__(self, client: EngineClient, model: ServedModel, config: Config, fetcher: MediaFetcher) -> None:
         server = config.server
         self._model = model
+        self._unknown_fields = server.unknown_fields
         self._embedder = Embedder(client, fetcher, config, min(server.max_items_per_request, server.max_queued_items))
 
     async def answer(self, body: msgspec.Raw) -> tuple[int, bytes]:
         """The status and JSON body the route gives for `body`."""
         try:
-            request = decode_body(bytes(body), EmbeddingRequest)
+            request = decode_body(bytes(body), EmbeddingRequest, unknown_fields=self._unknown_fields)
             name = self._model.spec.name
             if request.model is not None and request.model != name:
                 raise APIError(404, f"model '{request.model}' is not served here; served models: {name}",

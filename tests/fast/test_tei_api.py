@@ -131,9 +131,11 @@ def test_normalize_on_a_model_without_normalize_and_truncate_on_a_model_that_ref
 
 
 def test_shared_paths_tell_the_dialect_by_the_body(server):
-    status, ranked = server.ask("POST", "/rerank", {"query": "a", "texts": ["b"], "documents": ["b"],
-                                                    "model": "rerank"})
-    assert status == 200 and "results" in ranked  # documents: Cohere's, whatever else it holds
+    status, ranked = server.ask("POST", "/rerank", {"query": "a", "documents": ["b"], "model": "rerank"})
+    assert status == 200 and "results" in ranked  # documents: Cohere's
+    # documents with TEI's texts: Cohere's body, which does not take texts: refused naming them.
+    status, error = server.ask("POST", "/rerank", {"query": "a", "texts": ["b"], "documents": ["b"], "model": "rerank"})
+    assert status == 422 and error["error"]["param"] == "texts", error
     status, error = server.ask("POST", "/embed", {"inputs": [{"content": [{"type": "text", "text": "a"}]}],
                                                   "model": "m"})
     assert status == 200 and "embeddings" in error  # v2's content parts: Cohere's

@@ -165,6 +165,9 @@ def _predict_inputs(inputs: object) -> tuple[list[str], bool]:
 async def predict(request: web.Request, body: TEIPredictRequest) -> TEIPredictions | TEIPredictionBatch:
     """TEI's `/predict`: every label's score, best first; for a batch, a list per input."""
     model = tei_model(request, scores.CLASSIFY_KINDS)
+    if body.parameters:
+        raise APIError(422, f"parameters {', '.join(sorted(body.parameters))} (the HF inference form's) are not "
+                            "served: use raw_scores for logits; every label is answered", param="parameters")
     texts, batch = _predict_inputs(body.inputs)
     if body.truncate is False:
         answer = await _classify_uncut(request, model, texts, body.raw_scores)

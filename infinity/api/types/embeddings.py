@@ -72,6 +72,8 @@ class EmbeddingRequest(PromptedRequest):
     endianness: Endianness = "little"
     dimensions: Annotated[int, Meta(description="Keep the first this many dimensions, then re-normalise; "
                                                 "0 for all", extra_json_schema={"minimum": 0})] | None = None
+    # LiteLLM's infinity provider sends `dimensions` under Cohere's name.
+    output_dimension: Annotated[int, Meta(description="As dimensions", extra_json_schema={"minimum": 1})] | None = None
     user: str | None = None
     embedding_type: EmbeddingType | None = None
     embedding_types: Annotated[list[EmbeddingType], Meta(min_length=1)] | None = None
@@ -105,12 +107,16 @@ class EmbeddingRequest(PromptedRequest):
     add_special_tokens: Annotated[bool, Meta(description="vLLM's: false (texts without the model's special tokens) "
                                                          "is refused here")] = True
     use_activation: Annotated[bool, Meta(description=(
-        "vLLM's: false asks for vectors without their final L2 normalisation: served for models that do not "
-        "normalise, refused for those that do"))] | None = None
+        "vLLM's: false asks for the vectors before the model's final L2 normalisation"))] | None = None
 
     def __post_init__(self) -> None:
         if self.encoding_format is None:
             self.encoding_format = "float"
+        if self.output_dimension is not None:
+            if self.dimensions not in (None, 0, self.output_dimension):
+                raise ValueError("give dimensions or output_dimension (the same), not two sizes - at "
+                                 "`$.output_dimension`")
+            self.dimensions = self.output_dimension
 
     def output_types(self, default: EmbeddingType) -> list[EmbeddingType]:
         """The requested types (see `output_types`); `embedding_type` stands in for the default."""

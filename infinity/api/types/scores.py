@@ -40,6 +40,7 @@ class RerankRequest(ModelRequest):
     use_activation: Annotated[bool, Meta(description="vLLM's: false answers the logits, as raw_scores")] | None = None
     truncate_prompt_tokens: Annotated[int, Meta(ge=-1, description=(
         "vLLM's: -1 (or none): pairs cut to the model's length; a count of tokens to keep is refused here"))] | None = None
+    user: str | None = None
 
 
 class ClassifyRequest(ModelRequest):
@@ -55,6 +56,7 @@ class ClassifyRequest(ModelRequest):
         "vLLM's: -1 (or none): inputs cut to the model's length; a count of tokens to keep is refused here"))] | None = None
     add_special_tokens: Annotated[bool, Meta(description=(
         "vLLM's: true (or none) only: texts are read with the model's special tokens"))] | None = None
+    user: str | None = None
 
     @property
     def vllm_shaped(self) -> bool:

@@ -71,6 +71,10 @@ class TEIPredictRequest(TEIRequest, kw_only=True):
     raw_scores: bool = False
     truncate: Truncate | None = None
     truncation_direction: TruncationDirection = "Right"
+    # The HF inference form's (huggingface_hub's text_classification sends an empty one).
+    parameters: Annotated[dict[str, Any], Meta(description=(
+        "The HF inference form's parameters: empty only (function_to_apply and top_k are refused: use raw_scores; "
+        "every label is answered)"))] | None = None
 
 
 class TEIPrediction(Struct):
