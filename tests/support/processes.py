@@ -8,9 +8,14 @@ from pathlib import Path
 
 
 def child_pids(pid: int) -> set[int]:
-    """Direct children of `pid`, from /proc/<pid>/task/*/children."""
+    """Direct children of `pid`, from /proc/<pid>/task/*/children (none once it has exited:
+    a process may end between being listed and being read)."""
     children: set[int] = set()
-    for path in Path(f"/proc/{pid}/task").glob("*/children"):
+    try:
+        paths = list(Path(f"/proc/{pid}/task").glob("*/children"))
+    except (FileNotFoundError, ProcessLookupError):
+        return children
+    for path in paths:
         try:
             children.update(int(p) for p in path.read_text().split())
         except (FileNotFoundError, ProcessLookupError, ValueError):
