@@ -25,7 +25,7 @@ import msgspec
 from aiohttp import hdrs, web
 from msgspec import UNSET, Struct
 
-from infinity.api import openapi
+from infinity.api import explorer, openapi
 from infinity.config import Config
 from infinity.api.connections import BODY, Handler, track_request
 from infinity.api.errors import ENCODERS, ERROR_BODY, APIError, ServingError, error_body, error_response, from_kind
@@ -47,7 +47,8 @@ log = logging.getLogger(__name__)
 EXIT_CODE = web.AppKey("exit_code", list)
 START_TASK = web.AppKey("start_task", asyncio.Task)
 OPENAPI = web.AppKey("openapi", bytes)
-DOCS = web.AppKey("docs", str)
+# The paths that `GET` serves without the API key: the explorer, its assets, the redirect to it.
+KEYLESS_PAGES = web.AppKey("keyless_pages", frozenset)
 MAX_INPUT_CHARS = web.AppKey("max_input_chars", int)  # the most any served model reads of one text
 
 
@@ -90,12 +91,10 @@ def create_app(config: Config, specs: list[ModelSpec], launch: Launch = spawn_pr
     for spec in specs:
         if spec.name not in names.setdefault(spec.kind, []):
             names[spec.kind].append(spec.name)
-    document = openapi.document([route.operation for route in ROUTES], "infinity-serve", served_version,
-                                names, server.url_prefix, api_key=bool(config.key_priorities()))
+    document = explorer.api_document(served_version, names, server.url_prefix, api_key=bool(config.key_priorities()))
     app[OPENAPI] = msgspec.json.encode(document)
-    app[DOCS] = openapi.render_html(document)
     app.router.add_get(f"{server.url_prefix}/openapi.json", _serve_openapi)
-    app.router.add_get(f"{server.url_prefix}/docs", _serve_docs)
+    app[KEYLESS_PAGES] = explorer.add_routes(app, server.url_prefix, document)
     app.router.add_get(f"{server.url_prefix}/metrics", serve_metrics)
     app.on_startup.append(_start_engine_client)
     app.on_cleanup.append(_stop_engine_client)
@@ -140,10 +139,6 @@ def _answer_classes(answer: Any) -> tuple[type, ...]:
 
 async def _serve_openapi(request: web.Request) -> web.Response:
     return web.Response(body=request.app[OPENAPI], content_type="application/json")
-
-
-async def _serve_docs(request: web.Request) -> web.Response:
-    return web.Response(text=request.app[DOCS], content_type="text/html")
 
 
 # --- middlewares ------------------------------------------------------------------------
@@ -230,7 +225,8 @@ def _authorization(keys: dict[str, int]) -> Callable[[web.Request, Handler], Awa
 
     @web.middleware
     async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if expected and not request.path.endswith(openapi.KEYLESS_PATHS):
+        if expected and not request.path.endswith(openapi.KEYLESS_PATHS) and not (
+                request.method in ("GET", "HEAD") and request.path in request.app[KEYLESS_PAGES]):
             given = request.headers.get("Authorization", "").encode()
             # Every key compared in full, so the time taken tells nothing of which was close.
             matches = [priority for key, priority in expected if hmac.compare_digest(given, key)]

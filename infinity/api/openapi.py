@@ -1,12 +1,11 @@
 """The API's contract: an OpenAPI 3.1 document built from the routes the server registers
 and the msgspec types it decodes requests into and encodes responses from (so the two
-cannot drift), and a plain HTML page rendering it for `/docs` that needs nothing from
-elsewhere (no CDN, no script)."""
+cannot drift), with an example request and answer per route (`infinity.api.examples`).
+`/docs` shows it in an explorer (`infinity.api.explorer`), and the documentation site's
+API reference is built from the same function (docs/hooks/site.py)."""
 
 from __future__ import annotations
 
-import html
-import json
 from dataclasses import dataclass
 from typing import Any, NewType
 
@@ -14,6 +13,7 @@ import msgspec
 
 from infinity.api import binary
 from infinity.api.errors import ErrorResponse
+from infinity.api.examples import EXAMPLES
 
 _REF = "#/components/schemas/{name}"
 
@@ -65,7 +65,9 @@ def _named_types(named: Any) -> tuple[Any, ...]:
 def document(operations: list[Operation], title: str, version: str, models: dict[str, list[str]],
              url_prefix: str = "", api_key: bool = False) -> dict[str, Any]:
     """The OpenAPI 3.1 document of `operations`, on a server that serves `models` (names by
-    kind): a request body's `model` is one of those of its operation's kinds."""
+    kind): a request body's `model` is one of those of its operation's kinds. Each
+    operation's aliases share its tag (explorers group by tag) and its examples
+    (`infinity.api.examples`); every error answer is one entry of `components.responses`."""
     types = list(dict.fromkeys([ErrorResponse] + [t for op in operations for shape in (op.body, op.answer,
                                                                                        op.error_answer)
                                                   for t in _named_types(shape)]))
@@ -85,21 +87,30 @@ def document(operations: list[Operation], title: str, version: str, models: dict
         components[body]["properties"]["model"] = {
             "anyOf": [{"enum": [name for kind in kinds for name in models.get(kind, [])]}, {"type": "null"}],
             "description": f"A served model of kind {' or '.join(kinds)}; none: the only one of those kinds"}
+    parts = _Parts(models, api_key)
     paths: dict[str, dict[str, Any]] = {}
+    tags = []
     for op in operations:
+        tag = op.path if sum(other.path == op.path for other in operations) == 1 else f"{op.method.upper()} {op.path}"
+        tags.append({"name": tag, "description": op.summary})
+        examples = parts.examples(op)
         for path in (op.path, *op.aliases):
-            paths.setdefault(url_prefix + path, {})[op.method] = _operation(op, path, api_key)
+            paths.setdefault(url_prefix + path, {})[op.method] = parts.operation(op, path, tag, examples)
     doc: dict[str, Any] = {
         "openapi": "3.1.0",
         "info": {"title": title, "version": version,
-                 "description": "Embeddings, reranking and classification behind OpenAI-, Cohere-, TEI- and "
-                                "infinity-compatible routes. Every error has the shape of `ErrorResponse`, but "
-                                "on TEI's bodies, which answer TEI's `TEIErrorResponse`."},
+                 "description": "Embeddings, reranking and classification behind OpenAI-, Cohere-, Jina-, TEI-, "
+                                "vLLM- and infinity-compatible routes, each route with its aliases under one tag. "
+                                "Every error has the shape of `ErrorResponse`, but on TEI's bodies, which answer "
+                                "TEI's `TEIErrorResponse`; what each status means is said once, in "
+                                "`components.responses`."},
+        "tags": tags,
         "paths": paths,
-        "components": {"schemas": components},
+        "components": {"schemas": components, "responses": parts.responses, "examples": parts.example_objects},
     }
     if api_key:
-        doc["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
+        doc["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer",
+                                                            "description": "The server's API key"}}
         doc["security"] = [{"bearer": []}]
     return doc
 
@@ -108,60 +119,90 @@ def document(operations: list[Operation], title: str, version: str, models: dict
 KEYLESS_PATHS = ("/health", "/live", "/metrics", "/ping")
 
 
-def _operation(op: Operation, path: str, api_key: bool) -> dict[str, Any]:
-    responses: dict[str, Any] = {"200": {"description": "OK", "content": _json_content(op.answer)}}
-    if op.binary:
-        responses["200"]["content"][binary.CONTENT_TYPE] = {"schema": {"type": "string", "format": "binary"}}
-    errors = (*op.errors, 401) if api_key and not path.endswith(KEYLESS_PATHS) else op.errors
-    for status in sorted(errors):
-        responses[str(status)] = {"description": ERROR_MEANINGS[status], "content": _json_content(op.error_answer),
-                                  **({"headers": _RETRY_AFTER} if status in (429, 503) else {})}
-    operation: dict[str, Any] = {
-        "summary": op.summary,
-        "operationId": f"{op.method}_{path.strip('/').replace('/', '_')}",
-        "responses": responses,
-    }
-    if op.body is not None:
-        operation["requestBody"] = {"required": True, "content": _json_content(op.body)}
-    if api_key and path.endswith(KEYLESS_PATHS):
-        operation["security"] = []
-    return operation
+class _Parts:
+    """What the operations of one document share, each defined once in its components:
+    the error answers (by status and shape) and the examples (by operation)."""
+
+    def __init__(self, models: dict[str, list[str]], api_key: bool) -> None:
+        self.models = models
+        self.api_key = api_key
+        self.responses: dict[str, Any] = {}
+        self.example_objects: dict[str, Any] = {}
+
+    def examples(self, op: Operation) -> list[tuple[str, str, str | None]]:
+        """(name, answer's component, request's component or None) of each of `op`'s
+        examples, their `model` a served one of its kinds where one is served."""
+        served = next((name for kind in op.kinds for name in self.models.get(kind, [])), None)
+        found = []
+        for example in EXAMPLES.get(f"{op.method} {op.path}", ()):
+            key = f"{op.method}_{op.path.strip('/').replace('/', '_') or 'root'}.{example.name}"
+            request = _naming(example.request, served)
+            if request is not None:
+                self.example_objects[f"{key}.request"] = {"summary": example.summary, "value": request}
+            self.example_objects[f"{key}.answer"] = {"summary": example.summary,
+                                                     "value": _naming(example.answer, served)}
+            found.append((example.name, f"{key}.answer", f"{key}.request" if request is not None else None))
+        return found
+
+    def operation(self, op: Operation, path: str, tag: str, examples: list[tuple[str, str, str | None]]
+                  ) -> dict[str, Any]:
+        answer = _json_content(op.answer)
+        if examples:
+            answer["application/json"]["examples"] = {name: _example_ref(key) for name, key, _ in examples}
+        responses: dict[str, Any] = {"200": {"description": "OK", "content": answer}}
+        if op.binary:
+            responses["200"]["content"][binary.CONTENT_TYPE] = {"schema": {"type": "string", "format": "binary"}}
+        errors = (*op.errors, 401) if self.api_key and not path.endswith(KEYLESS_PATHS) else op.errors
+        for status in sorted(errors):
+            responses[str(status)] = {"$ref": f"#/components/responses/{self._error(status, op.error_answer)}"}
+        operation: dict[str, Any] = {
+            "tags": [tag],
+            # An alias says what it is one of; what the operation does is its tag's description.
+            "summary": op.summary if path == op.path else f"The same as {op.path}",
+            "operationId": f"{op.method}_{path.strip('/').replace('/', '_')}",
+            "responses": responses,
+        }
+        if op.aliases:
+            operation["description"] = ("Also served at " + ", ".join(f"`{alias}`" for alias in op.aliases) + "."
+                                        if path == op.path else f"{op.summary}: an alias of `{op.path}`.")
+        if path != op.path:
+            # For explorers: a path may hold operations of two routes (GET /ping is an alias of
+            # /health, POST /ping a route of its own), so the document's order cannot put
+            # every route before its aliases; /docs sorts by this.
+            operation["x-alias-of"] = f"{op.method.upper()} {op.path}"
+        if op.body is not None:
+            body = _json_content(op.body)
+            requests = {name: _example_ref(key) for name, _, key in examples if key is not None}
+            if requests:
+                body["application/json"]["examples"] = requests
+            operation["requestBody"] = {"required": True, "content": body}
+        if self.api_key and path.endswith(KEYLESS_PATHS):
+            operation["security"] = []
+        return operation
+
+    def _error(self, status: int, shape: Any) -> str:
+        """The name of the error answer of `status` in `shape` (one error type or several),
+        added to the components the first time."""
+        named = _named_types(shape)
+        name = "Or".join(each.__name__.removesuffix("Response") for each in named) + str(status)
+        if name not in self.responses:
+            self.responses[name] = {"description": ERROR_MEANINGS[status], "content": _json_content(shape),
+                                    **({"headers": _RETRY_AFTER} if status in (429, 503) else {})}
+        return name
+
+
+def _example_ref(key: str) -> dict[str, str]:
+    return {"$ref": f"#/components/examples/{key}"}
+
+
+def _naming(value: Any, model: str | None) -> Any:
+    """`value` (an example's body or answer), its `model` replaced by `model` if one is given."""
+    if model is not None and isinstance(value, dict) and "model" in value:
+        return {**value, "model": model}
+    return value
 
 
 def _json_content(named: Any) -> dict[str, Any]:
     """The content of one named type, or of any of several (`anyOf`)."""
     refs = [{"$ref": _REF.format(name=each.__name__)} for each in _named_types(named)]
     return {"application/json": {"schema": refs[0] if len(refs) == 1 else {"anyOf": refs}}}
-
-
-def render_html(doc: dict[str, Any]) -> str:
-    """A page that shows `doc` whole: each route with its body and answers, then each type."""
-    info = doc["info"]
-    parts = [f"<h1>{_e(info['title'])} <small>{_e(info['version'])}</small></h1>",
-             f"<p>{_e(info['description'])} The machine-readable document is at "
-             f"<a href='openapi.json'>openapi.json</a>.</p>", "<h2>Routes</h2>"]
-    for path, methods in doc["paths"].items():
-        for method, op in methods.items():
-            parts.append(f"<section><h3><code>{method.upper()} {_e(path)}</code></h3><p>{_e(op['summary'])}</p>")
-            if "requestBody" in op:
-                parts.append(f"<p>Body: {_type_link(op['requestBody']['content'])}</p>")
-            parts.append("<ul>" + "".join(
-                f"<li><b>{status}</b> {_e(answer['description'])}: {_type_link(answer['content'])}</li>"
-                for status, answer in op["responses"].items()) + "</ul></section>")
-    parts.append("<h2>Types</h2>")
-    for name, schema in doc["components"]["schemas"].items():
-        parts.append(f"<h3 id='{_e(name)}'>{_e(name)}</h3><pre>{_e(json.dumps(schema, indent=2))}</pre>")
-    return ("<!doctype html><html><head><meta charset='utf-8'>"
-            f"<title>{_e(info['title'])}</title><style>body{{font-family:sans-serif;max-width:60em;margin:auto}}"
-            "pre{background:#f4f4f4;padding:.5em;overflow:auto}section{border-top:1px solid #ccc}</style>"
-            f"</head><body>{''.join(parts)}</body></html>")
-
-
-def _type_link(content: dict[str, Any]) -> str:
-    schema = content["application/json"]["schema"]
-    names = [ref["$ref"].rsplit("/", 1)[-1] for ref in schema.get("anyOf", [schema])]
-    return " or ".join(f"<a href='#{_e(name)}'><code>{_e(name)}</code></a>" for name in names)
-
-
-def _e(text: str) -> str:
-    return html.escape(str(text), quote=True)

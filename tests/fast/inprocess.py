@@ -251,7 +251,7 @@ async def serving(launcher: ThreadLauncher | None = None, model: ModelConfig | l
     app = create_app(config, specs, launch=launcher or ThreadLauncher())
     async with TestClient(TestServer(app)) as client:
         for _ in range(500):
-            if (await client.get("/health")).status == 200:
+            if (await client.get(f"{config.server.url_prefix}/health")).status == 200:
                 break
             await asyncio.sleep(0.01)
         else:

@@ -220,7 +220,7 @@ def test_unknown_route_is_404_json(server, method, path):
     ("DELETE", "/embeddings", "POST"),
     ("POST", "/v1/models", "GET"),
     ("POST", "/health", "GET"),
-    ("GET", "/", "POST"),  # TEI's Hugging Face inference form
+    ("PUT", "/", "POST"),  # TEI's Hugging Face inference form (GET / redirects to /docs)
 ])
 def test_wrong_method_is_405_json(server, method, path, allowed):
     response = requests.request(method, server.url(path), timeout=30)

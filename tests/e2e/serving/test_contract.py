@@ -5,6 +5,8 @@ server: health, models, embeddings, rerank and classify."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import requests
@@ -41,11 +43,19 @@ def test_every_documented_route_is_served(scoring_server, document):
         assert response.status_code in (200, 422), (method, path, response.status_code, response.text[:200])
 
 
+def _resolved(document: dict, item: dict) -> dict:
+    """`item`, or the component its `$ref` names."""
+    if "$ref" not in item:
+        return item
+    section, name = item["$ref"].removeprefix("#/components/").split("/")
+    return document["components"][section][name]
+
+
 def test_every_error_is_documented_with_the_error_shape(document):
     for path, methods in document["paths"].items():
         for method, operation in methods.items():
             for status, answer in operation["responses"].items():
-                schema = answer["content"]["application/json"]["schema"]
+                schema = _resolved(document, answer)["content"]["application/json"]["schema"]
                 names = {ref["$ref"].rsplit("/", 1)[-1] for ref in schema.get("anyOf", [schema])}
                 # TEI's bodies answer TEI's error shape; a path both dialects share, either.
                 errors = names & {"ErrorResponse", "TEIErrorResponse"}
@@ -89,13 +99,18 @@ def test_models_list_kinds(scoring_server):
 
 
 def test_docs_page_shows_every_route_without_fetching_anything(scoring_server, document):
+    """The explorer's page names every route (for a browser without JavaScript too), and
+    loads nothing from elsewhere: its scripts and styles are the server's own (the browser
+    check, tests/e2e/serving/test_docs_page.py, watches what it fetches)."""
     response = scoring_server.get("/docs")
     assert response.status_code == 200 and response.headers["Content-Type"].startswith("text/html")
     page = response.text
     for path, methods in document["paths"].items():
         for method in methods:
             assert f"{method.upper()} {path}" in page
-    assert "<script" not in page and "http://" not in page and "https://" not in page
+    assert "http://" not in page and "https://" not in page
+    for asset in re.findall(r"(?:src|href)='([^']+)'", page):
+        assert scoring_server.get(f"/{asset}").status_code == 200, asset
 
 
 def test_the_api_key_is_documented_when_one_is_set(api_key_server):
