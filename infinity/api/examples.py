@@ -182,4 +182,15 @@ EXAMPLES: dict[str, tuple[Example, ...]] = {
     "post /decode": (Example("TEI", "Token ids back to text", {"ids": [[1037, 4419]]}, ["a fox"]),),
     "get /info": (Example("TEI", "The default model", None, _INFO),),
     "post /": (Example("TEI", "An embedder's vectors", {"inputs": TEXTS}, VECTORS),),
+    "post /invocations": (
+        Example("vLLM", "vLLM's embeddings body", {"model": EMBEDDER, "input": TEXTS},
+                _embeddings(EMBEDDER, VECTORS, USAGE)),
+        Example("vLLM-classify", "A classifier's body, answered in vLLM's shape",
+                {"model": CLASSIFIER, "input": ["I love this film"]},
+                {**_VLLM_LIST, "id": "classify-5d4c3b2a1f0e4d9c8b7a6f5e4d3c2b1a", "model": CLASSIFIER,
+                 "usage": {"prompt_tokens": 6, "total_tokens": 6, "truncated_inputs": 0},
+                 "data": [{"index": 0, "label": _PREDICTIONS[0]["label"],
+                           "probs": [p["score"] for p in _PREDICTIONS], "num_classes": len(_PREDICTIONS)}]}),
+        Example("TEI", "TEI's body, as POST /", {"inputs": TEXTS}, VECTORS),
+    ),
 }

@@ -13,7 +13,7 @@ import msgspec
 
 from infinity.api import binary
 from infinity.api.errors import ErrorResponse
-from infinity.api.examples import EXAMPLES
+from infinity.api.examples import EXAMPLES, MODELS_BY_KIND
 
 _REF = "#/components/schemas/{name}"
 
@@ -131,10 +131,14 @@ class _Parts:
 
     def examples(self, op: Operation) -> list[tuple[str, str, str | None]]:
         """(name, answer's component, request's component or None) of each of `op`'s
-        examples, their `model` a served one of its kinds where one is served."""
-        served = next((name for kind in op.kinds for name in self.models.get(kind, [])), None)
+        examples, their `model` a served one of its kinds where one is served (of a
+        forwarding operation, of the kind the example's own model is of)."""
         found = []
         for example in EXAMPLES.get(f"{op.method} {op.path}", ()):
+            kinds = op.kinds if not op.forwards else [
+                kind for kind, names in MODELS_BY_KIND.items()
+                if isinstance(example.request, dict) and example.request.get("model") in names]
+            served = next((name for kind in kinds for name in self.models.get(kind, [])), None)
             key = f"{op.method}_{op.path.strip('/').replace('/', '_') or 'root'}.{example.name}"
             request = _naming(example.request, served)
             if request is not None:
