@@ -118,7 +118,7 @@ def _handler(route: Route) -> Handler:
         with at_priority(request.get(PRIORITY, 0)):
             answer = await route.serve(request, body)
         if isinstance(answer, RawAnswer) and op.binary:
-            return web.Response(body=answer.body, content_type=answer.content_type)
+            return web.Response(body=answer.body, content_type=answer.content_type, headers=answer.headers)
         assert isinstance(answer, answer_classes), f"{op.path} answered {type(answer).__name__}"
         return web.Response(body=msgspec.json.encode(answer), content_type="application/json")
 

@@ -48,6 +48,19 @@ def encode_rows(rows: np.ndarray, dtype: WireDtype, endianness: Endianness, abou
     return len(header).to_bytes(4, "little") + header + values.tobytes()
 
 
+def vllm_metadata(shape: tuple[int, int], dtype: WireDtype, endianness: Endianness, start: int,
+                  about: dict[str, Any]) -> str:
+    """vLLM's `metadata` response header of a bytes answer whose (n, dim) rows begin at
+    byte `start` of the body: where each row lies (`start`, `end`), its dtype, byte order
+    and shape, beside `about` (id, created, model, usage). vLLM's decoder slices the body
+    by these offsets, which step over this format's own header before the rows."""
+    size = shape[1] * (4 if dtype == "float32" else 2)
+    order = _byteorder(endianness)
+    data = [{"index": i, "embed_dtype": dtype, "endianness": order, "start": start + i * size,
+             "end": start + (i + 1) * size, "shape": [shape[1]]} for i in range(shape[0])]
+    return json.dumps({**about, "data": data}, separators=(",", ":"))
+
+
 def _bfloat16_bits(rows: np.ndarray) -> np.ndarray:
     """The bfloat16 of each float32 value as uint16 bits, rounded to nearest even (NaN stays NaN)."""
     bits = np.ascontiguousarray(rows, dtype=np.float32).view(np.uint32)

@@ -7,14 +7,16 @@ values. Errors are `APIError`s (a client's mistake) or `ServingError`s (from the
 from __future__ import annotations
 
 import base64
+import time
+import uuid
 from dataclasses import dataclass
 
 import msgspec
 import numpy as np
 
-from infinity.api.binary import encode_rows, wire_values
+from infinity.api.binary import encode_rows, vllm_metadata, wire_values
 from infinity.api.errors import APIError
-from infinity.api.inputs import refuse_kept_tokens, text_or_token_inputs
+from infinity.api.inputs import keeping_last, kept_tokens, text_or_token_inputs, without_special_tokens
 from infinity.api.late_chunking import character_spans, refuse_unless_late_chunkable, span_vectors
 from infinity.api.long_inputs import chunk_means, with_long_inputs
 from infinity.api.media_fetch import MediaFetcher, media_bytes
@@ -64,9 +66,8 @@ class Embedder:
         # 0 asks for every dimension, as in infinity (its generated client sends 0 by default).
         result, rows = await self.vectors(model, inputs, body.dimensions or None, "dimensions",
                                           _unnormalized_by(body))
-        if (body.embed_dtype, body.endianness) != ("float32", "little"):
-            encoded = {"float": [base64.b64encode(row.tobytes()).decode()
-                                 for row in wire_values(rows, body.embed_dtype, body.endianness)]}
+        if body.wire != ("float32", "little"):
+            encoded = {"float": [base64.b64encode(row.tobytes()).decode() for row in wire_values(rows, *body.wire)]}
         else:
             encoded = {t: encode(rows, t, body.encoding_format == "base64") for t in types}
         if body.embedding_types is None:
@@ -75,10 +76,12 @@ class Embedder:
             data = [EmbeddingData(index=i, embeddings={t: encoded[t][i] for t in types}) for i in range(len(rows))]
         return EmbeddingResponse(data=data, model=model.spec.name, usage=Usage.of(result, body.input_usage))
 
-    async def embeddings_bytes(self, model: ServedModel, body: EmbeddingRequest) -> bytes:
-        """`body`'s vectors on `model` as one binary answer (`infinity.api.binary`): float
-        vectors of a model with one vector per input, in `body.embed_dtype`; for
-        `bytes_only` (vLLM's), the rows alone."""
+    async def embeddings_bytes(self, model: ServedModel, body: EmbeddingRequest) -> tuple[bytes, dict[str, str]]:
+        """`body`'s vectors on `model` as one binary answer (`infinity.api.binary`) and its
+        headers: float vectors of a model with one vector per input, in `body.embed_dtype`;
+        for `bytes_only` (vLLM's), the rows alone. A bytes body naming vLLM's `embed_dtype`
+        or `endianness` also gets vLLM's `metadata` header (it would be too long for some
+        clients' header limits to send unasked: about 100 bytes a row)."""
         name = model.spec.name
         if model.kind.ragged and not model.kind.vector_types:
             raise APIError(422, f"the {model.spec.kind} model '{name}' answers a vector per token or a sparse vector, "
@@ -98,9 +101,14 @@ class Embedder:
         result, rows = await self.vectors(model, inputs, body.dimensions or None, "dimensions",
                                           _unnormalized_by(body))
         if body.encoding_format == "bytes_only":
-            return wire_values(rows, body.embed_dtype, body.endianness).tobytes()
-        return encode_rows(rows, body.embed_dtype, body.endianness,
-                           {"model": name, "usage": msgspec.to_builtins(Usage.of(result, body.input_usage))})
+            return wire_values(rows, *body.wire).tobytes(), {}
+        usage = msgspec.to_builtins(Usage.of(result, body.input_usage))
+        answer = encode_rows(rows, *body.wire, {"model": name, "usage": usage})
+        if body.embed_dtype is None and body.endianness is None:
+            return answer, {}
+        rows_start = len(answer) - rows.shape[0] * rows.shape[1] * (4 if body.wire[0] == "float32" else 2)
+        about = {"id": f"embd-{uuid.uuid4().hex}", "created": int(time.time()), "model": name, "usage": usage}
+        return answer, {"metadata": vllm_metadata(rows.shape, *body.wire, rows_start, about)}
 
     async def _inputs(self, model: ServedModel, body: EmbeddingRequest) -> ModelInputs:
         """The inputs `body` (`with_input`) holds, as its modality says (media fetched),
@@ -117,7 +125,9 @@ class Embedder:
         inputs = with_prompt(model, inputs, body.prompt, body.prompt_name, body.input_type)
         if body.late_chunking:  # its chunk_overlap is its windows' (`infinity.api.late_chunking`)
             return inputs
-        return with_long_inputs(model, inputs, body.long_inputs, body.chunk_overlap)
+        inputs = keeping_last(with_long_inputs(model, inputs, body.long_inputs, body.chunk_overlap),
+                              kept_tokens(body.truncate_prompt_tokens, model.spec), "truncate_prompt_tokens", model.spec)
+        return without_special_tokens(inputs, body.add_special_tokens, model.spec)
 
     async def vectors(self, model: ServedModel, inputs: ModelInputs, dimensions: int | None,
                       dimensions_param: str, unnormalized_by: str | None = None) -> tuple[Result, np.ndarray]:
@@ -273,12 +283,14 @@ def _sparse_embedding(entries: np.ndarray) -> SparseEmbedding:
 
 def _refuse_unserved_vllm_fields(model: ServedModel, body: EmbeddingRequest) -> None:
     """A 422 for vLLM's fields where `body` asks what is not served: keeping inputs' last
-    tokens, texts without their special tokens, vectors before the final Normalize of a
+    tokens beyond the model's length or with late chunking, texts without their special tokens
+    with late chunking, vectors before the final Normalize of a
     model whose kind does not give them or in late chunking's spans."""
-    refuse_kept_tokens(body.truncate_prompt_tokens, model.spec)
-    if not body.add_special_tokens:
-        raise APIError(422, "add_special_tokens false is not served: texts are embedded with the model's special "
-                            "tokens, as it was trained", param="add_special_tokens")
+    if kept_tokens(body.truncate_prompt_tokens, model.spec) is not None and body.late_chunking:
+        raise APIError(422, "truncate_prompt_tokens keeps each input's last tokens; late chunking reads texts whole",
+                       param="truncate_prompt_tokens")
+    if not body.add_special_tokens and body.late_chunking:
+        raise APIError(422, "add_special_tokens false is not served with late chunking", param="add_special_tokens")
     if body.use_activation is False and model.spec.normalize:
         _refuse_unless_unnormalized(model, "use_activation")
         if body.late_chunking:
@@ -290,8 +302,8 @@ def _refuse_wire_type_unless_base64(model: ServedModel, body: EmbeddingRequest, 
     """A 422 where `body` asks for float values in another dtype or byte order than
     base64's float32 little-endian (vLLM's `embed_dtype`, `endianness`) where they cannot
     apply: JSON numbers, types other than float, or vectors other than one per input."""
-    param = "embed_dtype" if body.embed_dtype != "float32" else "endianness"
-    if (body.embed_dtype, body.endianness) == ("float32", "little"):
+    param = "embed_dtype" if body.wire[0] != "float32" else "endianness"
+    if body.wire == ("float32", "little"):
         return
     if body.encoding_format != "base64":
         raise APIError(422, f"{param} applies to encoding_format \"base64\" or \"bytes\"; JSON numbers are numbers",

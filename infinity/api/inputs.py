@@ -26,13 +26,60 @@ def output_types(types: list[_Type] | None, default: _Type) -> list[_Type]:
     return list(dict.fromkeys(types))
 
 
-def refuse_kept_tokens(truncate_prompt_tokens: int | None, spec: ModelSpec) -> None:
-    """A 422 for vLLM's `truncate_prompt_tokens` asking to keep an input's last tokens
-    (its -1, or none, is the model's length: every route cuts inputs to it)."""
-    if truncate_prompt_tokens not in (None, -1):
-        raise APIError(422, f"truncate_prompt_tokens {truncate_prompt_tokens} asks to keep each input's last tokens; "
-                            f"not served here: inputs are cut to their first {spec.max_length} tokens (the model's length), "
-                            "or refused with long_inputs \"error\"", param="truncate_prompt_tokens")
+def kept_tokens(truncate_prompt_tokens: int | None, spec: ModelSpec, pairs: bool = False) -> int | None:
+    """vLLM's `truncate_prompt_tokens`: the count of each input's last tokens to keep, or
+    None for its -1 (or none: inputs are cut to the model's length at their end). A 422
+    beyond the model's length (as vLLM's), and for `pairs`, which are cut at the end of
+    their document only."""
+    if truncate_prompt_tokens in (None, -1):
+        return None
+    param = "truncate_prompt_tokens"
+    if pairs:
+        raise APIError(422, f"{param} {truncate_prompt_tokens} keeps each input's last tokens, which is not served "
+                            "for pairs (a pair longer than the model is cut at the end of its document); send -1",
+                       param=param)
+    if not 0 < truncate_prompt_tokens <= spec.max_length:
+        raise APIError(422, f"{param} must be -1 or between 1 and {spec.max_length}, the length of model "
+                            f"'{spec.name}'", param=param)
+    return truncate_prompt_tokens
+
+
+def keeping_last(inputs: ModelInputs, keep: int | None, param: str, spec: ModelSpec) -> ModelInputs:
+    """`inputs` cut at their start to their last `keep` tokens where the request field
+    `param` asks it (vLLM's truncate_prompt_tokens, TEI's truncation_direction Left), never
+    chunked; unchanged for None. A 422 for media, and after a prompt, whose tokens a cut at
+    the start would take first."""
+    if keep is None:
+        return inputs
+    if inputs.long_inputs not in (None, "truncate"):
+        raise APIError(422, f"{param} cuts long inputs at their start; long_inputs {inputs.long_inputs!r} takes them "
+                            "otherwise: give one of the two", param=param)
+    if inputs.media is not None or inputs.query is not None:
+        raise APIError(422, f"{param} cuts texts or token ids at their start; these inputs are not", param=param)
+    if inputs.texts is not None and inputs.prompt_on(spec):
+        raise APIError(422, f"{param} cuts each input at its start, which would cut the prompt put before it "
+                            f"(model '{spec.name}' puts one before these texts); leave it out, or ask for no prompt "
+                            "(prompt \"\")", param=param)
+    return msgspec.structs.replace(inputs, keep_last=keep, long_inputs="truncate")
+
+
+def without_special_tokens(inputs: ModelInputs, add_special_tokens: bool | None, spec: ModelSpec) -> ModelInputs:
+    """`inputs` whose texts are tokenized without the model's special tokens where vLLM's
+    `add_special_tokens` is false (token ids never get them); unchanged otherwise. A 422
+    for pairs and media, after a prompt (which is read as the start of a text with them),
+    and where long inputs are chunked (chunks are read with them)."""
+    if add_special_tokens is not False:
+        return inputs
+    param = "add_special_tokens"
+    if inputs.media is not None or inputs.query is not None:
+        raise APIError(422, f"{param} false applies to texts and token ids; these inputs are not", param=param)
+    if inputs.texts is not None and inputs.prompt_on(spec):
+        raise APIError(422, f"{param} false is not served after a prompt (model '{spec.name}' puts one before these "
+                            "texts); leave it out, or ask for no prompt (prompt \"\")", param=param)
+    if (inputs.long_inputs or spec.long_inputs) == "chunk":
+        raise APIError(422, f"{param} false is not served with long inputs chunked; send long_inputs \"truncate\" "
+                            "or \"error\"", param=param)
+    return msgspec.structs.replace(inputs, special_tokens=False)
 
 
 _SHAPE = ("{} must be a non-empty string, a list of non-empty strings, a list of token ids "

@@ -48,16 +48,20 @@ def _refused(why: str, *peers: str) -> PeerField:
 
 
 _PRIORITY = _honoured("lower is served first; none: the API key's", VLLM, OURS)
-_VLLM_TRUNCATE = _honoured("-1 or none: inputs cut to the model's length; a count of tokens to keep is refused",
+_VLLM_TRUNCATE = _honoured("k: each input cut at its start to its last k tokens (special tokens counted; up to the "
+                           "model's length, not after a prompt); -1 or none: cut at its end to the model's length",
                            VLLM)
-_VLLM_SPECIAL_TOKENS = _honoured("true or none; false is refused (texts are read with the model's special tokens)",
-                                 VLLM)
+_VLLM_PAIRS_TRUNCATE = _honoured("-1 or none only: a pair is cut at its document's end (keeping last tokens is "
+                                 "refused)", VLLM)
+_VLLM_SPECIAL_TOKENS = _honoured("false: texts tokenized without the model's special tokens (not after a prompt, "
+                                 "nor with chunks)", VLLM)
 # vLLM's fields of every pooling request that this server does not serve.
 _VLLM_UNSERVED = {
     "request_id": _refused("answers carry this server's own id", VLLM),
     "mm_processor_kwargs": _refused("the model's processor runs with its saved settings", VLLM),
     "cache_salt": _refused("no prefix cache here to salt", VLLM),
-    "truncation_side": _refused("inputs are cut at their end only (truncate_prompt_tokens -1)", VLLM),
+    "truncation_side": _refused("truncate_prompt_tokens k keeps the last k tokens (left); -1 cuts at the end",
+                                VLLM),
     "padding": _refused("each input is computed as if alone: padding is not chosen by the request", VLLM),
 }
 _VLLM_CHAT = {name: _refused("chat templates are not applied: `messages` hold one text or medium, embedded as it is",
@@ -67,7 +71,8 @@ _PROMPT_NAME = _honoured("the model's prompt of this name before each text", TEI
 _PROMPT = _honoured("a prompt of the request's own before each text", OURS)
 _TEI_TRUNCATE = _honoured("true: cut long inputs to the model's length; false: refuse them; none: as the model "
                           "is set", TEI)
-_TEI_DIRECTION = _honoured("Right only (the end of an input is cut); Left is refused", TEI)
+_TEI_DIRECTION = _honoured("Right: a long input's end is cut; Left: its start (its last tokens kept; not after a "
+                           "prompt)", TEI)
 _DIMENSIONS = _honoured("keep the first this many dimensions, re-normalised unless normalisation is off; 0: all "
                         "(infinity's client sends 0)", OPENAI, VLLM, JINA, INFINITY, TEI)
 _USER = _honoured("accepted (an end user's id; changes nothing)", OPENAI, VLLM, INFINITY, TEI)
@@ -83,8 +88,10 @@ EMBEDDINGS = {
     "user": _USER,
     "modality": _honoured("text, image or audio: what `input` holds", INFINITY),
     "messages": _honoured("one text, image_url, audio_url or input_audio part, instead of `input`", VLLM),
-    "embed_dtype": _honoured("float32, float16 or bfloat16: the wire type of base64 and bytes", VLLM),
-    "endianness": _honoured("little or big (native: this machine's) for base64 and bytes", VLLM),
+    "embed_dtype": _honoured("float32, float16 or bfloat16: the wire type of base64 and bytes (with bytes, "
+                             "vLLM's metadata header too)", VLLM),
+    "endianness": _honoured("little or big (native: this machine's) for base64 and bytes (with bytes, vLLM's "
+                            "metadata header too)", VLLM),
     "truncate_prompt_tokens": _VLLM_TRUNCATE,
     "add_special_tokens": _VLLM_SPECIAL_TOKENS,
     "use_activation": _honoured("false: the vectors before the model's final Normalize", VLLM),
@@ -136,7 +143,7 @@ COHERE_EMBED = {
 SPARSE = {
     "inputs": _honoured("a text, texts or token ids", TEI),
     "truncate": _TEI_TRUNCATE,
-    "truncation_direction": _TEI_DIRECTION,
+    "truncation_direction": _honoured("Right only (the end of an input is cut); Left is refused", TEI),
     "prompt_name": _PROMPT_NAME,
     "model": _honoured("the served model's name; none: the only sparse model", OURS),
     "top_k": _honoured("each vector's largest values only", OURS),
@@ -161,7 +168,7 @@ RERANK = {
                                    COHERE, VLLM),
     "max_tokens_per_query": _refused("queries are cut at the model's length", VLLM),
     "use_activation": _honoured("false: the logits, as raw_scores", VLLM),
-    "truncate_prompt_tokens": _VLLM_TRUNCATE,
+    "truncate_prompt_tokens": _VLLM_PAIRS_TRUNCATE,
     "user": _USER,
     "chunk_overlap": _honoured("tokens each chunk shares with the one before", OURS),
     "priority": _PRIORITY,
@@ -193,7 +200,7 @@ SCORE = {
     "data_1": _refused("use text_1 and text_2", VLLM),
     "data_2": _refused("use text_1 and text_2", VLLM),
     "use_activation": _honoured("false: a reranker's logits", VLLM),
-    "truncate_prompt_tokens": _VLLM_TRUNCATE,
+    "truncate_prompt_tokens": _VLLM_PAIRS_TRUNCATE,
     "max_tokens_per_query": _honoured("0 only: queries are cut at the model's length", VLLM),
     "max_tokens_per_doc": _honoured("0 only: documents are cut at the model's length", VLLM),
     "user": _USER,
@@ -213,7 +220,7 @@ POOLING = {
     "dimensions": _refused("use /v1/embeddings for dimensions", VLLM),
     "embed_dtype": _refused("pooling answers JSON floats: use /v1/embeddings for embed_dtype", VLLM),
     "endianness": _refused("pooling answers JSON floats: use /v1/embeddings for endianness", VLLM),
-    "add_special_tokens": _refused("texts are read with the model's special tokens", VLLM),
+    "add_special_tokens": _VLLM_SPECIAL_TOKENS,
     "data": _refused("plugin inputs are not served", VLLM),
     "user": _USER,
     "priority": _PRIORITY,
@@ -267,7 +274,7 @@ TEI_RERANK = {
     "raw_scores": _honoured("the logits instead of the activation", TEI),
     "return_text": _honoured("each result's text", TEI),
     "truncate": _honoured("true or none (false is refused: pairs are cut to the model's length)", TEI),
-    "truncation_direction": _TEI_DIRECTION,
+    "truncation_direction": _honoured("Right only (Left is refused: a pair is cut at its text's end)", TEI),
     "priority": _TEI_PRIORITY,
 }
 

@@ -135,6 +135,9 @@ class ModelInputs(msgspec.Struct, frozen=True):
     # The request field that forbids cutting inputs (TEI's `truncate: false`), where one
     # does: an input the tokenizer cut is refused, naming it, before the model runs.
     refuse_cut: str | None = None
+    # Cut each input at its start to its last this many tokens (`protocol.Tokenize.keep_last`).
+    keep_last: int | None = None
+    special_tokens: bool = True  # texts get the model's special tokens (`protocol.Tokenize.special_tokens`)
 
     def __len__(self) -> int:
         inputs = next(i for i in (self.texts, self.token_ids, self.media) if i is not None)
@@ -327,11 +330,13 @@ class EngineClient:
         slots = self._admit(model, len(inputs), priority)
         self._next_id += 1
         limit = model.spec.max_input_chars
-        request = protocol.Tokenize(self._next_id, model.spec.name, _within(inputs.texts, limit), inputs.token_ids,
+        request = protocol.Tokenize(self._next_id, model.spec.name,
+                                    _within(inputs.texts, limit, inputs.keep_last is not None), inputs.token_ids,
                                     _within([inputs.query], limit)[0] if inputs.query is not None else None,
                                     inputs.task, inputs.media, trace=tracing.traceparent(),
                                     prompt=inputs.prompt_on(model.spec), long_inputs=inputs.long_inputs,
-                                    chunk_overlap=inputs.chunk_overlap, max_chunks=inputs.max_chunks)
+                                    chunk_overlap=inputs.chunk_overlap, max_chunks=inputs.max_chunks,
+                                    keep_last=inputs.keep_last, special_tokens=inputs.special_tokens)
         result = await self._submit(_Pending(self._next_id, model, slots, asyncio.get_running_loop().create_future(),
                                              tokenizer, priority, request.trace,
                                              vector_types=_vector_types(model, inputs), refuse_cut=inputs.refuse_cut),
@@ -639,12 +644,13 @@ def _vector_types(model: ServedModel, inputs: ModelInputs) -> list[str]:
     return [t for t in (protocol.TOKEN_STATES, protocol.UNNORMALIZED) if t in inputs.vector_types]
 
 
-def _within(texts: list[str] | None, limit: int) -> list[str] | None:
+def _within(texts: list[str] | None, limit: int, from_end: bool = False) -> list[str] | None:
     """`texts`, each cut one character past the `limit` the tokenizer reads of an input (so
-    it still sees that the text was longer): nothing it would not read is sent to it."""
+    it still sees that the text was longer), keeping its start (or its end, `from_end`, for
+    inputs cut at their start): nothing it would not read is sent to it."""
     if texts is None or all(len(text) <= limit for text in texts):
         return texts
-    return [text[:limit + 1] for text in texts]
+    return [text[-(limit + 1):] if from_end else text[:limit + 1] for text in texts]
 
 
 def _by_slot(outputs: protocol.Ragged) -> dict[int, np.ndarray]:

@@ -305,7 +305,8 @@ class Tokenize(msgspec.Struct, tag=True, array_like=True):
     trace: str | None = None  # the request's W3C traceparent, where it is traced (`infinity.shared.tracing`)
     prompt: str = ""
     lookup: bool = False
-    # With `lookup`: add the model's special tokens to texts, and keep them in decoded texts.
+    # Add the model's special tokens to texts (false: vLLM's add_special_tokens false; token
+    # ids never get them), and with `lookup` keep them in decoded texts.
     special_tokens: bool = True
     # How inputs longer than the model's maximum length are taken ("truncate", "chunk",
     # "error"; None: as the model's `long_inputs` says), the tokens chunks overlap by (None:
@@ -315,6 +316,10 @@ class Tokenize(msgspec.Struct, tag=True, array_like=True):
     long_inputs: str | None = None
     chunk_overlap: int | None = None
     max_chunks: int | None = None
+    # Cut each text or token-id sequence at its start, to its last this many tokens (the
+    # model's special tokens counted), instead of at its end (vLLM's truncate_prompt_tokens,
+    # TEI's truncation_direction Left); such inputs are never chunked. None: cut at the end.
+    keep_last: int | None = None
 
 
 class TokenMasks(msgspec.Struct, array_like=True):

@@ -42,7 +42,7 @@ def test_cohere_bodies_on_embed_keep_their_shape(server):
 
 
 def test_tei_fields_it_cannot_honour_are_422s_in_teis_error_shape(server):
-    for body, field in (({"inputs": "a", "truncation_direction": "Left"}, "truncation_direction"),
+    for body, field in (({"inputs": "a", "truncation_direction": "Up"}, "truncation_direction"),
                         ({"inputs": "a " * 2000, "truncate": False}, "truncate")):
         status, error = server.ask("POST", "/embed", body)
         assert status == 422 and set(error) == {"error", "error_type"}, (body, error)

@@ -129,6 +129,29 @@ def test_long_texts_give_the_ids_of_the_whole_text(tmp_path, family, max_length)
 
 
 @pytest.mark.parametrize("family", ["wordpiece", "bpe", "unigram"])
+def test_keep_last_gives_the_ids_of_a_tokenizer_cutting_on_the_left(tmp_path, family):
+    """vLLM's truncate_prompt_tokens and TEI's truncation_direction Left: each text's last
+    `keep` tokens, special tokens counted, as the tokenizer truncating on the left gives
+    them; token ids keep their last `keep`."""
+    spec = _spec(family, tmp_path / family, "embed", 128)
+    tokenizer = ModelTokenizer(spec)
+    rng = random.Random(7)
+    texts = [long_text(rng, rng.randint(200, spec.max_input_chars)) for _ in range(30)] + ["short one"]
+    for keep in (9, 128):
+        reference = Tokenizer.from_file(str(Path(spec.path) / "tokenizer.json"))
+        reference.no_padding()
+        reference.enable_truncation(keep, direction="left")
+        answer = tokenizer.tokenize(protocol.Tokenize(1, "m", texts=texts, keep_last=keep))
+        expected = reference.encode_batch(texts)
+        for i, (ids, encoding) in enumerate(zip(_split(answer), expected)):
+            assert ids == encoding.ids, f"text {i} ({len(texts[i])} chars): {texts[i][-80:]!r}"
+        assert answer.truncated == [i for i, e in enumerate(expected) if e.overflowing]
+    sequences = [list(range(1, 40)), [5, 6]]
+    answer = tokenizer.tokenize(protocol.Tokenize(1, "m", token_ids=sequences, keep_last=9))
+    assert _split(answer) == [sequences[0][-9:], [5, 6]] and answer.truncated == [0]
+
+
+@pytest.mark.parametrize("family", ["wordpiece", "bpe", "unigram"])
 def test_a_prompt_goes_before_each_text_and_may_be_left_out_of_pooling(tmp_path, family):
     """The prompt's tokens, then the text's: those of the whole prompted text cut to
     max_length. Where the model's pooling leaves the prompt out, the head reads none of the

@@ -125,6 +125,7 @@ class ModelTokenizer:
         self._tokenizer.enable_truncation(spec.max_length)
         self._pair_tokenizer.enable_truncation(spec.max_length, strategy="only_second")
         self._plain_ascii = PlainAscii.of(self._tokenizer)
+        self._left_tokenizers: dict[int, Tokenizer] = {}  # by the count of last tokens they keep
 
     def tokenize(self, request: protocol.Tokenize) -> protocol.Tokenized | protocol.LookedUp:
         """`request`'s inputs made ready for the model: its texts (each after the request's
@@ -151,11 +152,17 @@ class ModelTokenizer:
             if self._pair_segments:
                 type_ids = np.fromiter(itertools.chain.from_iterable(e.type_ids for e in encodings),
                                        dtype=np.int8).tobytes()
+        elif request.texts is not None and request.keep_last is not None:
+            encodings = self._encode_last([self._cased(request.prompt + text[-self._spec.max_input_chars:])
+                                           for text in request.texts], request.keep_last, request.special_tokens)
+            sequences = [e.ids for e in encodings]
+            truncated = [i for i, (e, text) in enumerate(zip(encodings, request.texts))
+                         if e.overflowing or len(text) > self._spec.max_input_chars]
         elif request.texts is not None:
             texts, cut = self._readable(request.texts)
             prompt = self._cased(request.prompt)
             # What is read of a text holds its first max_length tokens: after a prompt too.
-            encodings = self._encode([prompt + text for text in texts])
+            encodings = self._encode([prompt + text for text in texts], request.special_tokens)
             if long_inputs == "chunk":
                 budget = self._spec.max_length - self._tokenizer.num_special_tokens_to_add(False) - self._tokens(prompt)
                 # A text to embed is refused beyond the model's cap; a document (its cap the request's), cut.
@@ -177,12 +184,25 @@ class ModelTokenizer:
         return protocol.Tokenized(request.request_id, protocol.TokenInputs(ids.tobytes(), lengths, type_ids, masks),
                                   truncated, chunks)
 
-    def _encode(self, texts: list[str]) -> list[Encoding]:
+    def _encode(self, texts: list[str], special_tokens: bool = True) -> list[Encoding]:
         """`texts` cut to their first max_length tokens, past the BERT normalizer where they
         are plain ASCII (`PlainAscii`); without character offsets, which nothing here reads
-        (`encode_batch_fast`: 15-20% less time)."""
+        (`encode_batch_fast`: 15-20% less time); without the model's special tokens where
+        `special_tokens` is false."""
+        if not special_tokens:
+            return self._tokenizer.encode_batch_fast(texts, add_special_tokens=False)
         encodings = self._plain_ascii.encode_batch(texts) if self._plain_ascii is not None else None
         return self._tokenizer.encode_batch_fast(texts) if encodings is None else encodings
+
+    def _encode_last(self, texts: list[str], keep: int, special_tokens: bool) -> list[Encoding]:
+        """`texts` cut at their start to their last `keep` tokens, special tokens counted
+        (what a tokenizer truncating on the left gives; one per count asked, kept)."""
+        tokenizer = self._left_tokenizers.get(keep)
+        if tokenizer is None:
+            tokenizer = Tokenizer.from_str(self._untruncated.to_str())
+            tokenizer.enable_truncation(keep, direction="left")
+            self._left_tokenizers[keep] = tokenizer
+        return tokenizer.encode_batch_fast(texts, add_special_tokens=special_tokens)
 
     def _overlap(self, request: protocol.Tokenize) -> int:
         return self._spec.chunk_overlap if request.chunk_overlap is None else request.chunk_overlap
@@ -354,7 +374,8 @@ class ModelTokenizer:
                          request: protocol.Tokenize) -> tuple[list[list[int]], list[int], list[int] | None]:
         """(the sequences as the model takes them, the positions of those cut, how many
         sequences each became where long ones were chunked). Token ids are taken as they
-        are: chunks are windows of max_length ids, no special token added."""
+        are: chunks are windows of max_length ids, no special token added; with
+        `keep_last`, a longer sequence keeps its last ids."""
         truncated, out, counts = [], [], []
         most = self._max_chunks(request)
         for i, ids in enumerate(sequences):
@@ -362,7 +383,10 @@ class ModelTokenizer:
                 raise InputError(f"input[{i}] holds a token id outside the model's vocabulary "
                                  f"(0 to {self._vocab_size - 1})")
             windows = [(0, len(ids))]
-            if len(ids) > self._spec.max_length:
+            if request.keep_last is not None and len(ids) > request.keep_last:
+                windows = [(len(ids) - request.keep_last, len(ids))]
+                truncated.append(i)
+            elif len(ids) > self._spec.max_length:
                 if long_inputs == "error":
                     self._too_long(i, f"{len(ids)} tokens")
                 if long_inputs == "chunk":

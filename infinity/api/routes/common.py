@@ -4,7 +4,7 @@ served model a request names."""
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
@@ -43,10 +43,12 @@ def kinds_serving(*capabilities: str, vector_per_input: bool = False) -> tuple[s
 
 @dataclass(frozen=True)
 class RawAnswer:
-    """An answer that is not JSON: its body as it is sent, and its media type."""
+    """An answer that is not JSON: its body as it is sent, its media type, and headers of
+    its own."""
 
     body: bytes
     content_type: str
+    headers: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

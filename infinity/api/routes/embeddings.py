@@ -47,7 +47,8 @@ async def embeddings(request: web.Request, body: EmbeddingRequest,
     them. `kinds`: those of the route asked (a media route serves fewer)."""
     model = served_model(request, body.model, kinds)
     if body.encoding_format in ("bytes", "bytes_only") or _accepts_bytes_only(request.headers.get("Accept", "")):
-        return RawAnswer(await embedder(request).embeddings_bytes(model, body), binary.CONTENT_TYPE)
+        answer, headers = await embedder(request).embeddings_bytes(model, body)
+        return RawAnswer(answer, binary.CONTENT_TYPE, headers)
     return await embedder(request).embeddings(model, body)
 
 

@@ -16,7 +16,8 @@ from msgspec import UNSET
 
 from infinity.api import openapi
 from infinity.api.errors import APIError
-from infinity.api.inputs import page_documents, refuse_kept_tokens, rerank_inputs, text_or_token_inputs
+from infinity.api.inputs import (keeping_last, kept_tokens, page_documents, rerank_inputs, text_or_token_inputs,
+                                 without_special_tokens)
 from infinity.api.long_inputs import best_chunks, with_long_inputs
 from infinity.api.media_fetch import media_bytes
 from infinity.api.routes.common import (CONFIG, ENGINE_CLIENT, FETCHER, MODEL_ERRORS, Route, kinds_serving, max_items,
@@ -42,7 +43,7 @@ async def rerank(request: web.Request, body: RerankRequest) -> RerankResponse:
     page images. Long documents of a cross-encoder or of a multi-vector model of texts may
     be chunked (`max_chunks_per_doc`): each scores as its best chunk."""
     model = served_model(request, body.model, RERANK_KINDS)
-    refuse_kept_tokens(body.truncate_prompt_tokens, model.spec)
+    kept_tokens(body.truncate_prompt_tokens, model.spec, pairs=True)
     raw_scores = body.raw_scores or body.use_activation is False
     if ((body.max_chunks_per_doc or 1) > 1 or body.chunk_overlap is not None) and not model.kind.chunks_documents:
         raise APIError(422, f"max_chunks_per_doc applies to cross-encoders and multi-vector models of texts; the "
@@ -177,11 +178,9 @@ async def classes(request: web.Request, body: ClassifyRequest, vllm_shaped: bool
                   ) -> ClassifyResponse | VllmClassifyResponse:
     """`classify`'s answer, in vLLM's shape or infinity's as `vllm_shaped` says."""
     model = served_model(request, body.model, CLASSIFY_KINDS)
-    refuse_kept_tokens(body.truncate_prompt_tokens, model.spec)
-    if body.add_special_tokens is False:
-        raise APIError(422, "add_special_tokens false is not served: texts are classified with the model's special "
-                            "tokens, as it was trained", param="add_special_tokens")
-    inputs = text_or_token_inputs(body.input, max_items(request))
+    inputs = keeping_last(text_or_token_inputs(body.input, max_items(request)),
+                          kept_tokens(body.truncate_prompt_tokens, model.spec), "truncate_prompt_tokens", model.spec)
+    inputs = without_special_tokens(inputs, body.add_special_tokens, model.spec)
     result = await request.app[ENGINE_CLIENT].run(model, inputs)
     try:
         logits = result.stacked()

@@ -18,13 +18,13 @@ from aiohttp import web
 
 from infinity.api import openapi
 from infinity.api.errors import APIError, ErrorResponse, TEIErrorResponse
-from infinity.api.inputs import text_or_token_inputs
+from infinity.api.inputs import keeping_last, text_or_token_inputs
 from infinity.api.metrics import MODEL
 from infinity.api.prompts import with_prompt
 from infinity.api.routes import embeddings, scores, tokens
 from infinity.api.routes.common import CONFIG, ENGINE_CLIENT, MODEL_ERRORS, Route, body_members, max_items
 from infinity.api.types.embeddings import CohereEmbedRequest, CohereEmbedResponse
-from infinity.api.types.scores import ClassifyRequest, RerankRequest, RerankResponse
+from infinity.api.types.scores import ClassifyRequest, ClassifyResponse, RerankRequest, RerankResponse
 from infinity.api.types.tei import (DecodeResponse, SimilarityResponse, TEIDecodeRequest, TEIEmbedAllRequest,
                                     TEIEmbedAllResponse, TEIEmbedRequest, TEIEmbedResponse, TEIInfo, TEIPrediction,
                                     TEIPredictionBatch, TEIPredictions, TEIPredictRequest, TEIRerankRequest,
@@ -32,7 +32,7 @@ from infinity.api.types.tei import (DecodeResponse, SimilarityResponse, TEIDecod
 from infinity.api.types.tokens import DetokenizeRequest
 from infinity.client.engine_client import ModelInputs
 from infinity.client.topology import ServedModel
-from infinity.shared.protocol import TOKEN_STATES
+from infinity.shared.protocol import TOKEN_STATES, ModelSpec
 
 
 def tei_model(request: web.Request, kinds: tuple[str, ...]) -> ServedModel:
@@ -57,13 +57,18 @@ def tei_model(request: web.Request, kinds: tuple[str, ...]) -> ServedModel:
 EMBED_ALL_KINDS = ("embed",)
 
 
-def _cut(truncate: bool | None, inputs: ModelInputs) -> ModelInputs:
+def _cut(truncate: bool | None, inputs: ModelInputs, direction: str, spec: ModelSpec) -> ModelInputs:
     """`inputs` as TEI's `truncate` asks: true cuts a long input to the model's length
     (whatever the model's `long_inputs`), false refuses it naming the field, none leaves it
-    to the model's setting."""
+    to the model's setting; where they are cut, `truncation_direction` Left cuts their
+    start (each keeps its last tokens)."""
+    left = direction.lower() == "left"
+    if truncate is None and left and spec.long_inputs == "truncate":
+        truncate = True
     if truncate is None:
         return inputs
-    return msgspec.structs.replace(inputs, long_inputs="truncate", refuse_cut=None if truncate else "truncate")
+    cut = msgspec.structs.replace(inputs, long_inputs="truncate", refuse_cut=None if truncate else "truncate")
+    return keeping_last(cut, spec.max_length, "truncation_direction", spec) if truncate and left else cut
 
 
 async def tei_embed(request: web.Request, body: TEIEmbedRequest) -> TEIEmbedResponse:
@@ -72,7 +77,8 @@ async def tei_embed(request: web.Request, body: TEIEmbedRequest) -> TEIEmbedResp
     model = tei_model(request, embeddings.COHERE_KINDS)
     inputs = with_prompt(model, text_or_token_inputs(body.inputs, max_items(request), "inputs"), None,
                          body.prompt_name, None)
-    _, rows = await embeddings.embedder(request).vectors(model, _cut(body.truncate, inputs), body.dimensions,
+    _, rows = await embeddings.embedder(request).vectors(model, _cut(body.truncate, inputs, body.truncation_direction,
+                                                                     model.spec), body.dimensions,
                                                          "dimensions", None if body.normalize else "normalize")
     if body.normalize and not model.spec.normalize:
         rows = rows / np.maximum(np.linalg.norm(rows, axis=1, keepdims=True), 1e-12)
@@ -87,7 +93,7 @@ async def embed_all(request: web.Request, body: TEIEmbedAllRequest) -> TEIEmbedA
     model = tei_model(request, EMBED_ALL_KINDS)
     inputs = with_prompt(model, text_or_token_inputs(body.inputs, max_items(request), "inputs"), None,
                          body.prompt_name, None)
-    cut = _cut(body.truncate if body.truncate is not None else True, inputs)
+    cut = _cut(body.truncate if body.truncate is not None else True, inputs, body.truncation_direction, model.spec)
     result = await request.app[ENGINE_CLIENT].run(model, msgspec.structs.replace(cut, vector_types=(TOKEN_STATES,)))
     try:
         return TEIEmbedAllResponse([np.asarray(rows, dtype=np.float32).tolist() for rows in result.rows()])
@@ -130,6 +136,9 @@ async def tei_rerank(request: web.Request, body: TEIRerankRequest) -> TEIRerankR
     if body.truncate is False:
         raise APIError(422, "truncate: false is not served on /rerank; leave it out (the model's long_inputs "
                             "setting) or send true", param="truncate")
+    if body.truncation_direction.lower() == "left":
+        raise APIError(422, "truncation_direction Left is not served on /rerank: a pair longer than the model is cut "
+                            "at the end of its text", param="truncation_direction")
     model = tei_model(request, scores.RERANK_KINDS)
     ranked = await scores.rerank(request, RerankRequest(
         query=body.query, documents=body.texts, model=model.spec.name, raw_scores=body.raw_scores,
@@ -172,15 +181,20 @@ async def predict(request: web.Request, body: TEIPredictRequest) -> TEIPredictio
     if body.truncate is False:
         answer = await _classify_uncut(request, model, texts, body.raw_scores)
     else:
-        answer = (await scores.classify(request, ClassifyRequest(input=texts, model=model.spec.name,
-                                                                 raw_scores=body.raw_scores))).data
+        # Left cuts long texts at their start: vLLM's field for it, the model's length of last tokens kept.
+        left = body.truncation_direction.lower() == "left"
+        classes = await scores.classes(request, ClassifyRequest(
+            input=texts, model=model.spec.name, raw_scores=body.raw_scores,
+            truncate_prompt_tokens=model.spec.max_length if left else None), vllm_shaped=False)
+        assert isinstance(classes, ClassifyResponse)
+        answer = classes.data
     predictions = [[TEIPrediction(score=item.score, label=item.label) for item in row] for row in answer]
     return TEIPredictionBatch(predictions) if batch else TEIPredictions(predictions[0])
 
 
 async def _classify_uncut(request: web.Request, model: ServedModel, texts: list[str], raw: bool) -> list:
     """Classify `texts`, refusing one longer than the model (TEI's `truncate: false`)."""
-    inputs = _cut(False, text_or_token_inputs(texts, max_items(request), "inputs"))
+    inputs = _cut(False, text_or_token_inputs(texts, max_items(request), "inputs"), "Right", model.spec)
     result = await request.app[ENGINE_CLIENT].run(model, inputs)
     try:
         logits = result.stacked()
@@ -199,7 +213,8 @@ async def similarity(request: web.Request, body: TEISimilarityRequest) -> Simila
     inputs = with_prompt(model, text_or_token_inputs(texts, max_items(request) + 1, "inputs"), None,
                          parameters.prompt_name if parameters else None, None)
     _, rows = await embeddings.embedder(request).vectors(
-        model, _cut(parameters.truncate if parameters else None, inputs), None, "dimensions")
+        model, _cut(parameters.truncate if parameters else None, inputs,
+                    parameters.truncation_direction if parameters else "Right", model.spec), None, "dimensions")
     rows = rows / np.maximum(np.linalg.norm(rows, axis=1, keepdims=True), 1e-12)
     return SimilarityResponse((rows[1:] @ rows[0]).astype(float).tolist())
 

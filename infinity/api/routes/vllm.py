@@ -15,7 +15,7 @@ from aiohttp import web
 
 from infinity.api import openapi
 from infinity.api.errors import APIError
-from infinity.api.inputs import refuse_kept_tokens, text_or_token_inputs
+from infinity.api.inputs import keeping_last, kept_tokens, text_or_token_inputs, without_special_tokens
 from infinity.api.routes.common import ENGINE_CLIENT, MODEL_ERRORS, Route, max_items, served_model
 from infinity.api.routes.embeddings import embedder
 from infinity.api.routes.scores import activate
@@ -59,7 +59,7 @@ def score_pairs(body: ScoreRequest, most: int) -> list[tuple[str, str]]:
 
 async def score(request: web.Request, body: ScoreRequest) -> ScoreResponse:
     model = served_model(request, body.model, SCORE_KINDS)
-    refuse_kept_tokens(body.truncate_prompt_tokens, model.spec)
+    kept_tokens(body.truncate_prompt_tokens, model.spec, pairs=True)
     for param in ("max_tokens_per_query", "max_tokens_per_doc"):
         if getattr(body, param):
             raise APIError(422, f"{param} is not served: texts are cut to the model's length "
@@ -132,11 +132,12 @@ POOLING_TASKS = {"embed": "embed", "classify": "classify"}
 
 async def pooling(request: web.Request, body: PoolingRequest) -> PoolingResponse:
     model = served_model(request, body.model, tuple(POOLING_TASKS))
-    refuse_kept_tokens(body.truncate_prompt_tokens, model.spec)
     task = POOLING_TASKS[model.spec.kind]
     if body.task not in (None, task):
         raise APIError(422, f"model '{model.spec.name}' pools for task {task!r}, not {body.task!r}", param="task")
-    inputs = text_or_token_inputs(body.input, max_items(request))
+    inputs = keeping_last(text_or_token_inputs(body.input, max_items(request)),
+                          kept_tokens(body.truncate_prompt_tokens, model.spec), "truncate_prompt_tokens", model.spec)
+    inputs = without_special_tokens(inputs, body.add_special_tokens, model.spec)
     if task == "embed":
         result, rows = await embedder(request).vectors(
             model, inputs, None, "dimensions", "use_activation" if body.use_activation is False else None)

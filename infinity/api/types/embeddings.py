@@ -68,8 +68,11 @@ class EmbeddingRequest(PromptedRequest):
         description="bytes: the answer is the vectors' raw bytes (application/octet-stream, see docs/api.md), as "
                     "embed_dtype in endianness; bytes_only: the rows alone, without the header (vLLM's); "
                     "null: float")] | None = "float"
-    embed_dtype: WireDtype = "float32"
-    endianness: Endianness = "little"
+    # vLLM's: naming either also puts vLLM's `metadata` header on a bytes answer.
+    embed_dtype: Annotated[WireDtype, Meta(description="The wire type of base64 and bytes values (vLLM's); none: "
+                                                       "float32")] | None = None
+    endianness: Annotated[Endianness, Meta(description="The byte order of base64 and bytes values (vLLM's); none: "
+                                                       "little")] | None = None
     dimensions: Annotated[int, Meta(description="Keep the first this many dimensions, then re-normalise; "
                                                 "0 for all", extra_json_schema={"minimum": 0})] | None = None
     # LiteLLM's infinity provider sends `dimensions` under Cohere's name.
@@ -104,8 +107,8 @@ class EmbeddingRequest(PromptedRequest):
     truncate_prompt_tokens: Annotated[int, Meta(ge=-1, description=(
         "vLLM's: -1 (or none): inputs cut to the model's length; a count of tokens to keep from the end is "
         "refused here"))] | None = None
-    add_special_tokens: Annotated[bool, Meta(description="vLLM's: false (texts without the model's special tokens) "
-                                                         "is refused here")] = True
+    add_special_tokens: Annotated[bool, Meta(description="vLLM's: false tokenizes texts without the model's special "
+                                                         "tokens")] = True
     use_activation: Annotated[bool, Meta(description=(
         "vLLM's: false asks for the vectors before the model's final L2 normalisation"))] | None = None
 
@@ -117,6 +120,11 @@ class EmbeddingRequest(PromptedRequest):
                 raise ValueError("give dimensions or output_dimension (the same), not two sizes - at "
                                  "`$.output_dimension`")
             self.dimensions = self.output_dimension
+
+    @property
+    def wire(self) -> tuple[WireDtype, Endianness]:
+        """The wire type and byte order of base64 and bytes values."""
+        return self.embed_dtype or "float32", self.endianness or "little"
 
     def output_types(self, default: EmbeddingType) -> list[EmbeddingType]:
         """The requested types (see `output_types`); `embedding_type` stands in for the default."""

@@ -55,7 +55,7 @@ class ClassifyRequest(ModelRequest):
     truncate_prompt_tokens: Annotated[int, Meta(ge=-1, description=(
         "vLLM's: -1 (or none): inputs cut to the model's length; a count of tokens to keep is refused here"))] | None = None
     add_special_tokens: Annotated[bool, Meta(description=(
-        "vLLM's: true (or none) only: texts are read with the model's special tokens"))] | None = None
+        "vLLM's: false tokenizes texts without the model's special tokens"))] | None = None
     user: str | None = None
 
     @property

@@ -16,9 +16,9 @@ from infinity.api.types.tokens import TokenIds
 
 Truncate = Annotated[bool, Meta(description="true: inputs longer than the model are cut; false: refused (422); "
                                             "none: as the model is set")]
-# TEI accepts "Left" too; only the end of an input is ever cut here, so "Left" is a 422.
-TruncationDirection = Annotated[Literal["Right", "right"], Meta(
-    description="Which end of a long input is cut: only the end (Right) is cut here")]
+TruncationDirection = Annotated[Literal["Right", "right", "Left", "left"], Meta(
+    description="Which end of a long input is cut: its end (Right) or its start (Left: the last tokens kept; not for "
+                "rerank pairs, nor after a prompt)")]
 
 
 class TEIRequest(ModelRequest, kw_only=True):

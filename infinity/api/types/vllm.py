@@ -63,6 +63,8 @@ class PoolingRequest(ModelRequest):
     use_activation: bool | None = None
     truncate_prompt_tokens: Annotated[int, Meta(ge=-1, description=(
         "-1 (or none): inputs cut to the model's length; a count of tokens to keep is refused here"))] | None = None
+    add_special_tokens: Annotated[bool, Meta(description=(
+        "false tokenizes texts without the model's special tokens"))] | None = None
     user: str | None = None
 
 
