@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import msgspec
 import numpy as np
 
-from infinity.api.binary import encode_rows, vllm_metadata, wire_values
+from infinity.api.binary import WIRE_BYTES, encode_rows, vllm_metadata, wire_values
 from infinity.api.errors import APIError
 from infinity.api.inputs import keeping_last, kept_tokens, text_or_token_inputs, without_special_tokens
 from infinity.api.late_chunking import character_spans, refuse_unless_late_chunkable, span_vectors
@@ -106,7 +106,7 @@ class Embedder:
         answer = encode_rows(rows, *body.wire, {"model": name, "usage": usage})
         if body.embed_dtype is None and body.endianness is None:
             return answer, {}
-        rows_start = len(answer) - rows.shape[0] * rows.shape[1] * (4 if body.wire[0] == "float32" else 2)
+        rows_start = len(answer) - rows.size * WIRE_BYTES[body.wire[0]]
         about = {"id": f"embd-{uuid.uuid4().hex}", "created": int(time.time()), "model": name, "usage": usage}
         return answer, {"metadata": vllm_metadata(rows.shape, *body.wire, rows_start, about)}
 

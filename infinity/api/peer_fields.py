@@ -88,8 +88,8 @@ EMBEDDINGS = {
     "user": _USER,
     "modality": _honoured("text, image or audio: what `input` holds", INFINITY),
     "messages": _honoured("one text, image_url, audio_url or input_audio part, instead of `input`", VLLM),
-    "embed_dtype": _honoured("float32, float16 or bfloat16: the wire type of base64 and bytes (with bytes, "
-                             "vLLM's metadata header too)", VLLM),
+    "embed_dtype": _honoured("float32, float16, bfloat16, fp8_e4m3 or fp8_e5m2: the wire type of base64 and "
+                             "bytes (with bytes, vLLM's metadata header too)", VLLM),
     "endianness": _honoured("little or big (native: this machine's) for base64 and bytes (with bytes, vLLM's "
                             "metadata header too)", VLLM),
     "truncate_prompt_tokens": _VLLM_TRUNCATE,

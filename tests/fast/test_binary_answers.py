@@ -155,3 +155,29 @@ def test_a_batch_file_line_asking_for_bytes_is_refused():
     with pytest.raises(APIError) as refused:
         asyncio.run(embedder.embeddings(None, EmbeddingRequest(input="x", encoding_format="bytes")))  # type: ignore[arg-type]
     assert refused.value.status == 422 and refused.value.param == "encoding_format"
+
+
+@pytest.mark.parametrize("dtype, torch_type", [("fp8_e4m3", "float8_e4m3fn"), ("fp8_e5m2", "float8_e5m2")])
+def test_fp8_values_are_torchs_cast_bit_for_bit(dtype, torch_type):
+    """vLLM's 8-bit embed_dtypes are torch's casts of the float32 vectors: every rounding
+    (ties to even, subnormals, the largest value, saturation or infinity, NaN), and the
+    reader's values are torch's of the same bits."""
+    import torch
+
+    from infinity.api.binary import fp8_values, wire_values
+
+    grid = [0.0, -0.0, 1.0, 0.3, -0.3, 2.0 ** -9, 2.0 ** -10, 1.01 * 2.0 ** -10, 2.0 ** -16, 2.0 ** -17, 448.0,
+            464.0, 500.0, 57344.0, 60000.0, 61440.0, 1e9, np.inf, -np.inf, np.nan]
+    rng = np.random.default_rng(0)
+    values = np.concatenate([np.array(grid, dtype=np.float32),
+                             rng.standard_normal(4000).astype(np.float32) * rng.choice([1e-3, 1.0, 100.0], 4000),
+                             # every float32 halfway between neighbours of the grid's binades
+                             (np.exp2(rng.integers(-12, 10, 2000)) * (1 + rng.integers(0, 16, 2000) / 16 + 1 / 32)
+                              ).astype(np.float32)])
+    expected = torch.from_numpy(values).to(getattr(torch, torch_type)).view(torch.uint8).numpy()
+    np.testing.assert_array_equal(wire_values(values[None], dtype, "little")[0], expected)
+    decoded = torch.from_numpy(np.arange(256, dtype=np.uint8)).view(getattr(torch, torch_type)).float().numpy()
+    np.testing.assert_array_equal(fp8_values(dtype), decoded)
+    vectors, header = read_embeddings(encode_rows(values[None, :100], dtype, "big", {}))
+    assert header["dtype"] == dtype
+    np.testing.assert_array_equal(vectors[0], decoded[expected[:100]])

@@ -150,3 +150,27 @@ def test_pooling_answers_an_embedders_vectors_as_embeddings_does():
                 assert refused.status == 422 and (await refused.json())["error"]["param"] == param
 
     asyncio.run(test())
+
+
+def test_vllms_fp8_embed_dtypes_in_base64_and_bytes():
+    import base64
+
+    from infinity.api.binary import fp8_values, wire_values
+
+    async def test():
+        async with serving() as client:
+            floats = await (await client.post("/v1/embeddings", json={"input": TEXTS})).json()
+            expected = np.array([item["embedding"] for item in floats["data"]], dtype=np.float32)
+            for dtype in ("fp8_e4m3", "fp8_e5m2"):
+                answer = await (await client.post("/v1/embeddings", json={
+                    "input": TEXTS, "encoding_format": "base64", "embed_dtype": dtype})).json()
+                bits = np.stack([np.frombuffer(base64.b64decode(item["embedding"]), np.uint8) for item in answer["data"]])
+                np.testing.assert_array_equal(bits, wire_values(expected, dtype, "little"))
+                raw = await client.post("/v1/embeddings", json={"input": TEXTS, "encoding_format": "bytes",
+                                                                "embed_dtype": dtype})
+                body, metadata = await raw.read(), json.loads(raw.headers["metadata"])
+                rows = [fp8_values(dtype)[np.frombuffer(body[item["start"]:item["end"]], np.uint8)]
+                        for item in metadata["data"]]
+                np.testing.assert_array_equal(np.stack(rows), fp8_values(dtype)[bits])
+
+    asyncio.run(test())
