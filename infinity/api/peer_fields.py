@@ -279,7 +279,7 @@ TEI_RERANK = {
 }
 
 TEI_PREDICT = {
-    "inputs": _honoured("a text, or a batch of one-text lists (a pair is refused)", TEI, HF_CLIENT),
+    "inputs": _honoured("a text, a pair of texts, or a batch of texts and pairs", TEI, HF_CLIENT),
     "raw_scores": _honoured("the logits instead of probabilities", TEI),
     "truncate": _TEI_TRUNCATE,
     "truncation_direction": _TEI_DIRECTION,

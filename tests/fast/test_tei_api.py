@@ -70,8 +70,14 @@ def test_predict_answers_a_flat_list_for_a_text_and_a_list_per_input_for_a_batch
     assert status == 200 and one == [{"score": p["score"], "label": p["label"]} for p in ours["data"][0]]
     status, batch = server.ask("POST", "/predict", {"inputs": [[TEXTS[0]], TEXTS[1], TEXTS[2]], "raw_scores": True})
     assert status == 200 and len(batch) == 3 and len(batch[0]) == len(one)
-    status, error = server.ask("POST", "/predict", {"inputs": TEXTS[:2]})
-    assert status == 422 and "pair" in error["error"]
+    status, pair = server.ask("POST", "/predict", {"inputs": TEXTS[:2]})  # TEI reads two texts as a pair
+    assert status == 200 and isinstance(pair[0], dict) and pair != one
+    status, mixed = server.ask("POST", "/predict", {"inputs": [TEXTS[:2], [TEXTS[2]], [TEXTS[0], TEXTS[2]], TEXTS[:2]]})
+    assert status == 200 and mixed[0] == mixed[3] == pair and mixed[1] == server.ask("POST", "/predict",
+                                                                                      {"inputs": TEXTS[2]})[1]
+    assert mixed[2] == server.ask("POST", "/predict", {"inputs": [TEXTS[0], TEXTS[2]]})[1] != pair
+    status, error = server.ask("POST", "/predict", {"inputs": TEXTS[:2], "truncation_direction": "Left"})
+    assert status == 422 and "truncation_direction" in error["error"]
 
 
 def test_similarity_is_the_cosine_of_the_embeddings(server):

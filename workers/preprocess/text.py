@@ -113,7 +113,10 @@ class ModelTokenizer:
         # Pairs keep the query whole and cut the document, unless the query alone is too
         # long; then both sides are cut (longest first), as for single texts.
         self._pair_tokenizer = Tokenizer.from_str(self._tokenizer.to_str())
-        self._pair_segments = spec.kind == "rerank" and spec.pair_template is None and _feeds_token_types(spec)
+        # A reranker's pairs are known at start; a classifier's (TEI's /predict of a pair) are
+        # rare, so whether they take segments is found at the first (it imports transformers).
+        self._pair_segments: bool | None = (spec.pair_template is None and _feeds_token_types(spec)
+                                            if spec.kind == "rerank" else None)
         self._untruncated = Tokenizer.from_str(self._tokenizer.to_str())
         # A causal reranker's pairs are read through its template (`_templated_pairs`).
         self._template = spec.pair_template
@@ -149,6 +152,8 @@ class ModelTokenizer:
                 truncated = self._truncated(encodings, cut, long_inputs, request.texts or [],
                                             lambda document: self._pair_tokens(query, document))
             sequences = [e.ids for e in encodings]
+            if self._pair_segments is None:
+                self._pair_segments = self._template is None and _feeds_token_types(self._spec)
             if self._pair_segments:
                 type_ids = np.fromiter(itertools.chain.from_iterable(e.type_ids for e in encodings),
                                        dtype=np.int8).tobytes()

@@ -12,6 +12,8 @@ it is a 422 naming the models that could answer.
 
 from __future__ import annotations
 
+import asyncio
+
 import msgspec
 import numpy as np
 from aiohttp import web
@@ -24,7 +26,7 @@ from infinity.api.prompts import with_prompt
 from infinity.api.routes import embeddings, scores, tokens
 from infinity.api.routes.common import CONFIG, ENGINE_CLIENT, MODEL_ERRORS, Route, body_members, max_items
 from infinity.api.types.embeddings import CohereEmbedRequest, CohereEmbedResponse
-from infinity.api.types.scores import ClassifyRequest, ClassifyResponse, RerankRequest, RerankResponse
+from infinity.api.types.scores import RerankRequest, RerankResponse
 from infinity.api.types.tei import (DecodeResponse, SimilarityResponse, TEIDecodeRequest, TEIEmbedAllRequest,
                                     TEIEmbedAllResponse, TEIEmbedRequest, TEIEmbedResponse, TEIInfo, TEIPrediction,
                                     TEIPredictionBatch, TEIPredictions, TEIPredictRequest, TEIRerankRequest,
@@ -156,53 +158,65 @@ async def rerank(request: web.Request, body: TEIRerankRequest | RerankRequest
     return await scores.rerank(request, body)
 
 
-def _predict_inputs(inputs: object) -> tuple[list[str], bool]:
-    """(the texts to classify, whether TEI's `inputs` was a batch): a text, or a list of
-    texts or of one-text lists; a list of two texts is TEI's pair, refused here."""
+def _predict_inputs(inputs: object) -> tuple[list[str | tuple[str, str]], bool]:
+    """(the sequences to classify, each a text or a pair of texts, and whether TEI's
+    `inputs` was a batch): a text; a pair (a list of two texts, as TEI reads one); or a
+    batch, a list of texts or of one- and two-text lists."""
     if isinstance(inputs, str):
         return [inputs], False
+    if isinstance(inputs, list) and len(inputs) == 2 and all(isinstance(item, str) for item in inputs):
+        return [(inputs[0], inputs[1])], False
     if isinstance(inputs, list) and inputs:
-        if len(inputs) == 2 and all(isinstance(item, str) for item in inputs):
-            raise APIError(422, "inputs of two texts is TEI's pair, which classifiers here do not take; send "
-                                "[[a], [b]] to classify two texts", param="inputs")
-        texts = [item[0] if isinstance(item, list) and len(item) == 1 else item for item in inputs]
-        if all(isinstance(text, str) for text in texts):
-            return texts, True
-    raise APIError(422, "inputs must be a text, or a non-empty list of texts or of one-text lists", param="inputs")
+        sequences = [item if isinstance(item, str) else item[0] if isinstance(item, list) and len(item) == 1
+                     else (item[0], item[1]) if isinstance(item, list) and len(item) == 2 else None for item in inputs]
+        if all(isinstance(sequence, str) or (isinstance(sequence, tuple) and all(isinstance(t, str) for t in sequence))
+               for sequence in sequences):
+            return sequences, True  # type: ignore[return-value]
+    raise APIError(422, "inputs must be a text, a pair of texts, or a non-empty list of texts or of one- or two-text "
+                        "lists", param="inputs")
 
 
 async def predict(request: web.Request, body: TEIPredictRequest) -> TEIPredictions | TEIPredictionBatch:
-    """TEI's `/predict`: every label's score, best first; for a batch, a list per input."""
+    """TEI's `/predict`: every label's score, best first, of a text or of a pair of texts
+    (read as the model reads pairs: the second cut first, each in its own segment); for a
+    batch, a list per sequence. Pairs of one first text go to the model as one request."""
     model = tei_model(request, scores.CLASSIFY_KINDS)
     if body.parameters:
         raise APIError(422, f"parameters {', '.join(sorted(body.parameters))} (the HF inference form's) are not "
                             "served: use raw_scores for logits; every label is answered", param="parameters")
-    texts, batch = _predict_inputs(body.inputs)
-    if body.truncate is False:
-        answer = await _classify_uncut(request, model, texts, body.raw_scores)
-    else:
-        # Left cuts long texts at their start: vLLM's field for it, the model's length of last tokens kept.
-        left = body.truncation_direction.lower() == "left"
-        classes = await scores.classes(request, ClassifyRequest(
-            input=texts, model=model.spec.name, raw_scores=body.raw_scores,
-            truncate_prompt_tokens=model.spec.max_length if left else None), vllm_shaped=False)
-        assert isinstance(classes, ClassifyResponse)
-        answer = classes.data
-    predictions = [[TEIPrediction(score=item.score, label=item.label) for item in row] for row in answer]
+    sequences, batch = _predict_inputs(body.inputs)
+    if len(sequences) > max_items(request):
+        raise APIError(413, f"{len(sequences)} inputs; at most {max_items(request)} in one request", param="inputs")
+    groups: dict[str | None, list[int]] = {}  # by the first text of a pair; None: single texts
+    for i, sequence in enumerate(sequences):
+        groups.setdefault(sequence[0] if isinstance(sequence, tuple) else None, []).append(i)
+    if body.truncation_direction.lower() == "left" and set(groups) != {None}:
+        raise APIError(422, "truncation_direction Left is not served for pairs: a pair longer than the model is cut at "
+                            "the end of its second text", param="truncation_direction")
+
+    async def classified(first: str | None, indices: list[int]) -> list[np.ndarray]:
+        if first is None:
+            inputs = _cut(body.truncate, text_or_token_inputs([sequences[i] for i in indices], max_items(request),
+                                                              "inputs"), body.truncation_direction, model.spec)
+        else:  # cut, unless truncate is false: a pair's chunks could not be combined
+            inputs = _cut(body.truncate is not False, ModelInputs(texts=[sequences[i][1] for i in indices], query=first),
+                          "Right", model.spec)
+        result = await request.app[ENGINE_CLIENT].run(model, inputs)
+        try:
+            logits = result.stacked()
+        finally:
+            result.release()
+        return list(logits if body.raw_scores else scores.activate(logits, result.activation))
+
+    rows: list[np.ndarray] = [np.empty(0)] * len(sequences)
+    answers = await asyncio.gather(*(classified(first, indices) for first, indices in groups.items()))
+    for indices, values in zip(groups.values(), answers):
+        for i, row in zip(indices, values):
+            rows[i] = row
+    labels = model.info.labels if model.info else []
+    predictions = [[TEIPrediction(score=float(row[j]), label=labels[j]) for j in np.argsort(-row, kind="stable")]
+                   for row in rows]
     return TEIPredictionBatch(predictions) if batch else TEIPredictions(predictions[0])
-
-
-async def _classify_uncut(request: web.Request, model: ServedModel, texts: list[str], raw: bool) -> list:
-    """Classify `texts`, refusing one longer than the model (TEI's `truncate: false`)."""
-    inputs = _cut(False, text_or_token_inputs(texts, max_items(request), "inputs"), "Right", model.spec)
-    result = await request.app[ENGINE_CLIENT].run(model, inputs)
-    try:
-        logits = result.stacked()
-    finally:
-        result.release()
-    values = logits if raw else scores.activate(logits, result.activation)
-    return [[scores.LabelScore(result.labels[j], float(row[j])) for j in np.argsort(-row, kind="stable")]
-            for row in values]
 
 
 async def similarity(request: web.Request, body: TEISimilarityRequest) -> SimilarityResponse:

@@ -60,10 +60,10 @@ class TEIRerankResult(Struct, kw_only=True):
 
 
 PredictInputs = Annotated[Any, Meta(
-    description="A text, or a batch: a list of texts or of one-text lists (a two-text list is TEI's pair, "
-                "which classifiers here do not take)",
+    description="A text, a pair (a list of two texts, classified together), or a batch: a list of texts and of "
+                "one- or two-text lists",
     extra_json_schema={"anyOf": [_TEXT, {"type": "array", "minItems": 1, "items": {"anyOf": [
-        _TEXT, {"type": "array", "items": _TEXT, "minItems": 1, "maxItems": 1}]}}]})]
+        _TEXT, {"type": "array", "items": _TEXT, "minItems": 1, "maxItems": 2}]}}]})]
 
 
 class TEIPredictRequest(TEIRequest, kw_only=True):

@@ -64,6 +64,28 @@ def test_normalize_false_is_sentence_transformers_without_its_normalize(scoring_
     np.testing.assert_allclose(np.linalg.norm(got, axis=1), np.linalg.norm(expected, axis=1), rtol=1e-4)
 
 
+def test_predict_of_a_pair_is_the_classifiers_on_the_pair_as_transformers_reads_it(scoring_server, models_root):
+    """TEI's pair form of /predict: both texts in one input, each in its own segment (BERT's
+    token types), held to transformers' softmax of the pair."""
+    import torch
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    folder = models_root / "classifier"
+    model = AutoModelForSequenceClassification.from_pretrained(folder).eval()
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    pairs = [(TEXTS[0], TEXTS[1]), (TEXTS[0], TEXTS[2]), (TEXTS[2], TEXTS[1])]
+    with torch.no_grad():
+        encoded = tokenizer([a for a, _ in pairs], [b for _, b in pairs], padding=True, return_tensors="pt")
+        assert encoded["token_type_ids"].any()
+        expected = torch.softmax(model(**encoded).logits, -1).numpy()
+    answer = scoring_server.post("/predict", {"inputs": [list(pair) for pair in pairs]})
+    assert answer.status_code == 200, answer.text
+    labels = model.config.id2label
+    for row, probabilities in zip(answer.json(), expected, strict=True):
+        served = {item["label"]: item["score"] for item in row}
+        np.testing.assert_allclose([served[labels[i]] for i in range(len(labels))], probabilities, atol=1e-5)
+
+
 def test_raw_tei_embed_rerank_predict_info_decode(scoring_server):
     vectors = scoring_server.post("/embed", {"inputs": TEXTS}).json()
     np.testing.assert_allclose(vectors, _ours(scoring_server, TEXTS), atol=1e-6)
