@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from infinity.api.errors import APIError
-from infinity.api.types.embeddings import CohereEmbedRequest, EmbeddingRequest, SparseEmbedRequest
+from infinity.api.types.common import ImageUrl
+from infinity.api.types.embeddings import ChatMessage, CohereEmbedRequest, EmbeddingRequest, SparseEmbedRequest
 from infinity.api.types.scores import ClassifyRequest, RerankRequest
 from infinity.api.types.tei import (TEIDecodeRequest, TEIEmbedAllRequest, TEIEmbedRequest, TEIPredictRequest,
                                     TEIRerankRequest, TEISimilarityRequest)
@@ -300,6 +301,13 @@ TEI_DECODE = {
     "priority": _TEI_PRIORITY,
 }
 
+# The objects inside bodies (content parts, TEI's parameters): their peers' fields that are
+# not theirs here. Their own fields are honoured; any other key is unknown.
+IMAGE_URL = {"detail": _refused("an image's detail level is a chat model's: this model reads each image as its "
+                                "processor sizes it", OPENAI, VLLM)}
+CHAT_MESSAGE = {"name": _refused("chat templates are not applied: a message's name has nowhere to go", OPENAI, VLLM)}
+NESTED_FIELDS: dict[type[msgspec.Struct], dict[str, PeerField]] = {ImageUrl: IMAGE_URL, ChatMessage: CHAT_MESSAGE}
+
 # Every request type a route decodes, and its fields.
 FIELDS: dict[type[msgspec.Struct], dict[str, PeerField]] = {
     EmbeddingRequest: EMBEDDINGS, CohereEmbedRequest: COHERE_EMBED, SparseEmbedRequest: SPARSE,
@@ -311,24 +319,85 @@ FIELDS: dict[type[msgspec.Struct], dict[str, PeerField]] = {
 
 
 @cache
-def _own_fields(request_type: type[msgspec.Struct]) -> frozenset[str]:
-    return frozenset(field.encode_name for field in msgspec.structs.fields(request_type))
+def _fields_of(struct_type: type[msgspec.Struct]) -> dict[str, msgspec.inspect.Type]:
+    """A Struct's fields by their JSON names, with their types (as msgspec sees them), and
+    its tag's field (a content part's `type`)."""
+    info = msgspec.inspect.type_info(struct_type)
+    assert isinstance(info, msgspec.inspect.StructType)
+    tag = {info.tag_field: msgspec.inspect.StrType()} if info.tag_field else {}
+    return {**tag, **{field.encode_name: field.type for field in info.fields}}
 
 
-def check_fields(request_type: type[msgspec.Struct], keys: Iterable[str], unknown: str = "refuse") -> None:
-    """A 422 naming the first of a body's `keys` that `request_type` does not honour: a
-    peer's field refused here (with why), or, unless `unknown` is "ignore", a key no peer
-    names."""
-    own, table = _own_fields(request_type), FIELDS.get(request_type, {})
-    for key in keys:
+def check_fields(request_type: type[msgspec.Struct], members: dict[str, msgspec.Raw], unknown: str = "refuse",
+                 path: str = "") -> None:
+    """A 422 naming the first key of a body's `members` (its top-level object, undecoded),
+    or of an object inside it (a content part, TEI's parameters: `path` is where), that
+    its type does not honour: a peer's field refused here (with why), or, unless `unknown`
+    is "ignore", a key no peer names."""
+    own, table = _fields_of(request_type), FIELDS.get(request_type) or NESTED_FIELDS.get(request_type, {})
+    for key, value in members.items():
+        param = f"{path}{key}"
         if key in own:
+            _check_value(own[key], value, unknown, param)
             continue
         field = table.get(key)
         if field is not None:
-            raise APIError(422, f"{key} ({', '.join(field.peers)}) is not served here: {field.does}", param=key)
+            raise APIError(422, f"{param} ({', '.join(field.peers)}) is not served here: {field.does}", param=param)
         if unknown != "ignore":
-            raise APIError(422, f"unknown field '{key}': no server this one stands in for names it here (set "
-                                "[server] unknown_fields = \"ignore\" to ignore such fields)", param=key)
+            raise APIError(422, f"unknown field '{param}': no server this one stands in for names it here (set "
+                                "[server] unknown_fields = \"ignore\" to ignore such fields)", param=param)
+
+
+def _check_value(field_type: msgspec.inspect.Type, value: msgspec.Raw, unknown: str, path: str) -> None:
+    """`check_fields` on the objects inside a member of type `field_type`: a Struct's, a
+    list's items', the member of a union its JSON shape (and a part's `type` tag) picks.
+    A value of another shape is left to the typed decode, which says what is wrong."""
+    if isinstance(field_type, msgspec.inspect.Metadata):
+        field_type = field_type.type
+    if isinstance(field_type, msgspec.inspect.StructType):
+        members = _object_members(value)
+        if members is not None:
+            check_fields(field_type.cls, members, unknown, f"{path}.")
+    elif isinstance(field_type, msgspec.inspect.ListType) and _holds_structs(field_type.item_type):
+        items = _decoded(value, list[msgspec.Raw])
+        for i, item in enumerate(items or ()):
+            _check_value(field_type.item_type, item, unknown, f"{path}[{i}]")
+    elif isinstance(field_type, msgspec.inspect.UnionType) and _holds_structs(field_type):
+        shapes = [member for member in field_type.types if _holds_structs(member)]
+        members = _object_members(value)
+        structs = [s for s in shapes if isinstance(s, msgspec.inspect.StructType)]
+        if members is not None and structs:
+            tag = _decoded(members.get(structs[0].tag_field or "", msgspec.Raw(b"null")), object)
+            chosen = next((s for s in structs if s.tag_field is None or s.tag == tag), None)
+            if chosen is not None:
+                _check_value(chosen, value, unknown, path)
+        elif members is None:
+            for shape in shapes:
+                if isinstance(shape, msgspec.inspect.ListType):
+                    _check_value(shape, value, unknown, path)
+
+
+def _holds_structs(field_type: msgspec.inspect.Type) -> bool:
+    if isinstance(field_type, msgspec.inspect.Metadata):
+        return _holds_structs(field_type.type)
+    if isinstance(field_type, msgspec.inspect.StructType):
+        return True
+    if isinstance(field_type, msgspec.inspect.ListType):
+        return _holds_structs(field_type.item_type)
+    if isinstance(field_type, msgspec.inspect.UnionType):
+        return any(_holds_structs(member) for member in field_type.types)
+    return False
+
+
+def _object_members(value: msgspec.Raw) -> dict[str, msgspec.Raw] | None:
+    return _decoded(value, dict[str, msgspec.Raw])
+
+
+def _decoded(value: msgspec.Raw, as_type: object) -> object:
+    try:
+        return msgspec.json.decode(value, type=as_type)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
 
 
 def markdown(routes: Iterable[Route]) -> str:
@@ -341,10 +410,10 @@ def markdown(routes: Iterable[Route]) -> str:
         for body_type in () if body is None or route.operation.forwards else body if isinstance(body, tuple) else (body,):
             paths.setdefault(body_type, []).extend([route.operation.path, *route.operation.aliases])
     sections = []
-    for request_type, fields in FIELDS.items():
+    for request_type, fields in {**FIELDS, **NESTED_FIELDS}.items():
         rows = [f"| `{name}` | {', '.join(field.peers)} | {'refused: ' if field.refused else ''}{field.does} |"
                 for name, field in fields.items()]
-        taken_on = ", ".join(f"`{path}`" for path in paths.get(request_type, []))
+        taken_on = ", ".join(f"`{path}`" for path in paths.get(request_type, [])) or "inside the bodies above"
         sections.append("\n".join([f"`{request_type.__name__}` ({taken_on})", "", "| field | named by | here |",
                                    "| --- | --- | --- |", *rows]))
     return "\n\n".join(sections)

@@ -101,3 +101,30 @@ def test_over_http_in_each_dialects_error_shape():
         status, error = client.ask("POST", "/v1/embeddings", {"input": "a", "normalize": False})
         assert status == 422 and error["error"]["param"] == "normalize"
 
+
+
+def test_keys_inside_nested_objects_are_checked_by_their_path():
+    from infinity.api.types.embeddings import CohereEmbedRequest, EmbeddingRequest
+    from infinity.api.types.tei import TEISimilarityRequest
+
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+    for request_type, body, param in (
+            (EmbeddingRequest, {"messages": [{"role": "user", "content": [image, {**image, "image_url": {
+                "url": "x", "detail": "low"}}]}]}, "messages[0].content[1].image_url.detail"),
+            (EmbeddingRequest, {"messages": [{"content": "a", "name": "me"}]}, "messages[0].name"),
+            (EmbeddingRequest, {"messages": [{"content": [{"type": "text", "text": "a", "colour": 1}]}]},
+             "messages[0].content[0].colour"),
+            (CohereEmbedRequest, {"inputs": [{"content": [{"type": "text", "text": "a"}], "colour": 1}]},
+             "inputs[0].colour"),
+            (TEISimilarityRequest, {"inputs": {"source_sentence": "a", "sentences": ["b"], "colour": 1}},
+             "inputs.colour"),
+            (TEISimilarityRequest, {"inputs": {"source_sentence": "a", "sentences": ["b"]},
+                                    "parameters": {"truncate": True, "colour": 1}}, "parameters.colour")):
+        encoded = msgspec.json.encode(body)
+        with pytest.raises(APIError) as refused:
+            decode_body(encoded, request_type)
+        assert (refused.value.status, refused.value.param) == (422, param), refused.value.message
+        if not param.endswith(("detail", "name")):  # a key no peer names: ignored where told to
+            decode_body(encoded, request_type, unknown_fields="ignore")
+    decode_body(msgspec.json.encode({"messages": [{"role": "user", "content": [image, {"type": "text", "text": "a"}]}]}),
+                EmbeddingRequest)
