@@ -274,7 +274,7 @@ TEI_RERANK = {
     "texts": _honoured("the texts to score", TEI),
     "raw_scores": _honoured("the logits instead of the activation", TEI),
     "return_text": _honoured("each result's text", TEI),
-    "truncate": _honoured("true or none (false is refused: pairs are cut to the model's length)", TEI),
+    "truncate": _TEI_TRUNCATE,
     "truncation_direction": _honoured("Right only (Left is refused: a pair is cut at its text's end)", TEI),
     "priority": _TEI_PRIORITY,
 }

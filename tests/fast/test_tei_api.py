@@ -51,6 +51,16 @@ def test_tei_fields_it_cannot_honour_are_422s_in_teis_error_shape(server):
     assert status == 422 and "message" in error["error"]  # our own shape off TEI's bodies
 
 
+def test_tei_rerank_truncate_false_refuses_a_text_too_long_beside_the_query(server):
+    texts = ["a short text", "word " * 2000]
+    status, ranked = server.ask("POST", "/rerank", {"query": "q", "texts": texts[:1], "truncate": False})
+    assert status == 200 and len(ranked) == 1
+    status, error = server.ask("POST", "/rerank", {"query": "q", "texts": texts, "truncate": False})
+    assert status == 422 and set(error) == {"error", "error_type"} and "truncate" in error["error"], error
+    status, cut = server.ask("POST", "/rerank", {"query": "q", "texts": texts, "truncate": True})
+    assert status == 200 and len(cut) == 2
+
+
 def test_tei_rerank_answers_every_text_best_first_with_v1_reranks_scores(server):
     query, texts = "what is a server", ["a server serves", "bananas", "servers answer requests"]
     status, tei = server.ask("POST", "/rerank", {"query": query, "texts": texts, "return_text": True})

@@ -10,6 +10,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterable
 
+import msgspec
 import numpy as np
 from aiohttp import web
 from msgspec import UNSET
@@ -37,12 +38,16 @@ DOCUMENT_OBJECT_PATHS = ("/v1/rerank", "/v2/rerank", "/invocations")
 CLASSIFY_KINDS = kinds_serving("classify")
 
 
-async def rerank(request: web.Request, body: RerankRequest) -> RerankResponse:
+async def rerank(request: web.Request, body: RerankRequest, refuse_cut: str | None = None) -> RerankResponse:
     """A cross-encoder's relevance (its activation unless raw scores are asked), or a
     multi-vector model's late-interaction score; a page-retrieval model's documents are
     page images. Long documents of a cross-encoder or of a multi-vector model of texts may
-    be chunked (`max_chunks_per_doc`): each scores as its best chunk."""
+    be chunked (`max_chunks_per_doc`): each scores as its best chunk. `refuse_cut`: the
+    request field that forbids cutting a document (TEI's `truncate: false`), where one does."""
     model = served_model(request, body.model, RERANK_KINDS)
+    if refuse_cut is not None and not model.kind.chunks_documents:
+        raise APIError(422, f"{refuse_cut}: false is not served by the {model.spec.kind} model '{model.spec.name}' "
+                            "(its documents are read up to its length)", param=refuse_cut)
     kept_tokens(body.truncate_prompt_tokens, model.spec, pairs=True)
     raw_scores = body.raw_scores or body.use_activation is False
     if ((body.max_chunks_per_doc or 1) > 1 or body.chunk_overlap is not None) and not model.kind.chunks_documents:
@@ -66,11 +71,12 @@ async def rerank(request: web.Request, body: RerankRequest) -> RerankResponse:
                                                                           vector_types=every_type),
                                               ModelInputs(texts=documents, vector_types=every_type), hybrid_scores)
         elif model.kind.late_interaction:
-            chunked = _chunked_as_asked(model, ModelInputs(texts=documents, task="document"), body)
+            chunked = _chunked_as_asked(model, ModelInputs(texts=documents, task="document", refuse_cut=refuse_cut),
+                                        body)
             scores, chunks, tokens = await _late_interaction(request, model, ModelInputs(texts=[inputs.query or ""],
                                                                                          task="query"), chunked)
         else:
-            chunked = _chunked_as_asked(model, inputs, body)
+            chunked = _chunked_as_asked(model, msgspec.structs.replace(inputs, refuse_cut=refuse_cut), body)
             result = await request.app[ENGINE_CLIENT].run(model, chunked)
             try:
                 scores = np.array([row[0] for row in result.rows()], dtype=np.float32)

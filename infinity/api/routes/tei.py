@@ -134,17 +134,14 @@ async def embed(request: web.Request, body: TEIEmbedRequest | CohereEmbedRequest
 
 async def tei_rerank(request: web.Request, body: TEIRerankRequest) -> TEIRerankResponse:
     """TEI's rerank: every text with its score, best first; `truncate` true cuts a text too
-    long to fit beside the query (false is refused: a reranker here cuts or chunks)."""
-    if body.truncate is False:
-        raise APIError(422, "truncate: false is not served on /rerank; leave it out (the model's long_inputs "
-                            "setting) or send true", param="truncate")
+    long to fit beside the query, false refuses it (none: as the model is set)."""
     if body.truncation_direction.lower() == "left":
         raise APIError(422, "truncation_direction Left is not served on /rerank: a pair longer than the model is cut "
                             "at the end of its text", param="truncation_direction")
     model = tei_model(request, scores.RERANK_KINDS)
     ranked = await scores.rerank(request, RerankRequest(
         query=body.query, documents=body.texts, model=model.spec.name, raw_scores=body.raw_scores,
-        max_chunks_per_doc=1 if body.truncate else None))
+        max_chunks_per_doc=None if body.truncate is None else 1), "truncate" if body.truncate is False else None)
     return TEIRerankResponse([TEIRerankResult(index=r.index, score=r.relevance_score,
                                               **({"text": body.texts[r.index]} if body.return_text else {}))
                               for r in ranked.results])
