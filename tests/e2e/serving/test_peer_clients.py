@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.support.reference import MODEL_NAME, assert_same_vectors
+from tests.support.reference import MODEL_NAME, SAME_SCORES_ATOL, assert_same_vectors
 from tests.support.tiny_models import RERANKER_NAME
 
 pytestmark = pytest.mark.timeout(300)
@@ -155,7 +155,7 @@ def test_litellm_infinity_rerank(scoring_server, litellm):
     ours = _our_rerank(scoring_server, QUERY, DOCUMENTS)
     assert [result["index"] for result in response.results] == [result["index"] for result in ours]
     np.testing.assert_allclose([result["relevance_score"] for result in response.results],
-                               [result["relevance_score"] for result in ours], atol=1e-6, rtol=0)
+                               [result["relevance_score"] for result in ours], atol=SAME_SCORES_ATOL, rtol=0)
     # LiteLLM asks for the documents back and reads each as infinity's plain text.
     assert [result["document"]["text"] for result in response.results] == [DOCUMENTS[r["index"]] for r in ours]
 

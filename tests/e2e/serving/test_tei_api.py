@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.support.reference import MODEL_NAME, assert_close
+from tests.support.reference import MODEL_NAME, SAME_SCORES_ATOL, assert_close
 from tests.support.tiny_models import CLASSIFIER_NAME, RERANKER_NAME
 
 pytestmark = pytest.mark.timeout(300)
@@ -93,7 +93,8 @@ def test_raw_tei_embed_rerank_predict_info_decode(scoring_server):
     tei = scoring_server.post("/rerank", {"query": query, "texts": TEXTS}).json()
     ours = scoring_server.post("/v1/rerank", {"model": RERANKER_NAME, "query": query, "documents": TEXTS}).json()
     assert [r["index"] for r in tei] == [r["index"] for r in ours["results"]]
-    np.testing.assert_allclose([r["score"] for r in tei], [r["relevance_score"] for r in ours["results"]], atol=1e-6)
+    np.testing.assert_allclose([r["score"] for r in tei], [r["relevance_score"] for r in ours["results"]],
+                               atol=SAME_SCORES_ATOL)
     batch = scoring_server.post("/predict", {"inputs": TEXTS}).json()
     classified = scoring_server.post("/v1/classify", {"model": CLASSIFIER_NAME, "input": TEXTS}).json()["data"]
     assert batch == [[{"score": p["score"], "label": p["label"]} for p in row] for row in classified]
