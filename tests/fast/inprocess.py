@@ -19,6 +19,7 @@ import os
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -274,6 +275,17 @@ class LoopedClient:
             return answer.status, await answer.json()
 
         return self.loop.run_until_complete(ask())
+
+
+def scoring_models(root: Path) -> list[ModelConfig]:
+    """An embedder on the fake engine ("m"), and a tiny cross-encoder ("rerank") and
+    classifier ("classify") saved under `root`: the models of the tests of the routes
+    that serve several kinds."""
+    from tests.support.tiny_models import save_tiny_classifier, save_tiny_cross_encoder
+
+    return [ModelConfig(name="m", engine="torch"),
+            ModelConfig(name="rerank", source=str(save_tiny_cross_encoder(root / "rerank")), engine="torch"),
+            ModelConfig(name="classify", source=str(save_tiny_classifier(root / "classify")), engine="torch")]
 
 
 @contextlib.contextmanager

@@ -8,9 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from infinity.config import ModelConfig
-from tests.fast.inprocess import serving_on_its_own_loop
-from tests.support.tiny_models import save_tiny_classifier, save_tiny_cross_encoder
+from tests.fast.inprocess import scoring_models, serving_on_its_own_loop
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -20,11 +18,7 @@ QUERY = "what is a server"
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    root = tmp_path_factory.mktemp("invocations")
-    models = [ModelConfig(name="m", engine="torch"),
-              ModelConfig(name="rerank", source=str(save_tiny_cross_encoder(root / "rerank")), engine="torch"),
-              ModelConfig(name="classify", source=str(save_tiny_classifier(root / "classify")), engine="torch")]
-    with serving_on_its_own_loop(model=models) as client:
+    with serving_on_its_own_loop(model=scoring_models(tmp_path_factory.mktemp("invocations"))) as client:
         yield client
 
 

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from infinity.config import ConfigError, ModelConfig, load_config
-from tests.fast.inprocess import serving_on_its_own_loop
-from tests.support.tiny_models import save_tiny_classifier, save_tiny_cross_encoder
+from tests.fast.inprocess import scoring_models, serving_on_its_own_loop
+from tests.support.tiny_models import save_tiny_classifier
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -19,11 +19,7 @@ TEXTS = ["a short sentence", "another sentence about servers", "x"]
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    root = tmp_path_factory.mktemp("tei")
-    models = [ModelConfig(name="m", engine="torch"),
-              ModelConfig(name="rerank", source=str(save_tiny_cross_encoder(root / "rerank")), engine="torch"),
-              ModelConfig(name="classify", source=str(save_tiny_classifier(root / "classify")), engine="torch")]
-    with serving_on_its_own_loop(model=models) as client:
+    with serving_on_its_own_loop(model=scoring_models(tmp_path_factory.mktemp("tei"))) as client:
         yield client
 
 
