@@ -18,7 +18,8 @@ MIN_COSINE = 0.99999
 # whose sums round differently (a few 1e-7 seen). Bit-equal only where a test pins both.
 SAME_TEXTS_ATOL = 1e-6
 # The same for two requests' scores of the same inputs (a reranker's or a classifier's
-# logits or probabilities, not unit vectors: a few 1e-6 apart seen with a CPU hog beside).
+# logits or probabilities, a sparse model's weights: not unit vectors; a few 1e-6 apart seen
+# with a CPU hog beside).
 SAME_SCORES_ATOL = 1e-5
 
 

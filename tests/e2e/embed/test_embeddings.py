@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from tests.support.answers import decode_embedding
-from tests.support.reference import DIM, MAX_LENGTH, MODEL_NAME, assert_close, reference_embed, token_count
+from tests.support.reference import (DIM, MAX_LENGTH, MODEL_NAME, assert_close, assert_same_vectors, reference_embed,
+                                     token_count)
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -57,6 +58,8 @@ def test_one_request_matches_reference(server, sentences, reference_vectors, ref
 
 
 def test_base64_is_raw_little_endian_float32(server, sentences):
+    """Two requests' vectors (their batches may differ: `SAME_TEXTS_ATOL`); another byte
+    order or type would be far off, not 1e-6."""
     texts = sentences[:5]
     as_float = server.embed(texts, encoding_format="float").json()
     as_b64 = server.embed(texts, encoding_format="base64").json()
@@ -65,8 +68,7 @@ def test_base64_is_raw_little_endian_float32(server, sentences):
     for f, b in zip(as_float["data"], as_b64["data"]):
         raw = base64.b64decode(b["embedding"])
         assert len(raw) == DIM * 4
-        np.testing.assert_array_equal(np.frombuffer(raw, dtype="<f4"),
-                                      np.asarray(f["embedding"], dtype=np.float32))
+        assert_same_vectors(np.frombuffer(raw, dtype="<f4"), np.asarray(f["embedding"], dtype=np.float32))
 
 
 def test_default_encoding_is_float(server):

@@ -19,8 +19,9 @@ from tokenizers import Tokenizer
 from infinity.api.binary import read_embeddings
 from infinity.config import ModelConfig
 from infinity.folders.resolve import resolve_model
-from tests.support.answers import assert_error
+from tests.support.answers import assert_error, decode_embedding
 from tests.support.bge_m3 import FlagEmbeddingM3, assert_same_weights, save_tiny_bge_m3, sparse_as_dict
+from tests.support.reference import SAME_SCORES_ATOL, SAME_TEXTS_ATOL, assert_same_vectors
 from tests.support.server import running_server
 from tests.support.tiny_models import save_tiny_bert
 from workers.heads import load_model
@@ -71,7 +72,7 @@ def test_the_dense_vectors_are_flagembeddings_and_the_binary_answer_holds_them(s
         assert float(vector @ expected) / float(np.linalg.norm(vector) * np.linalg.norm(expected)) >= 0.99999
     answer = server.post("/v1/embeddings", {"model": M3, "input": TEXTS, "encoding_format": "bytes"})
     assert answer.status_code == 200, answer.text
-    np.testing.assert_array_equal(read_embeddings(answer.content)[0], served)
+    assert_same_vectors(read_embeddings(answer.content)[0], served, "the binary answer, another request")
 
 
 def test_the_sparse_weights_are_flagembeddings_per_token_id(server, reference):
@@ -100,9 +101,10 @@ def test_one_request_answers_what_a_request_for_each_output_answers(server, outp
         for together, apart in zip(hybrid["data"], alone["data"], strict=True):
             if output == "sparse":
                 assert together["sparse"]["indices"] == apart["sparse"]["indices"]
-                np.testing.assert_allclose(together["sparse"]["values"], apart["sparse"]["values"], atol=1e-6)
+                np.testing.assert_allclose(together["sparse"]["values"], apart["sparse"]["values"],
+                                           atol=SAME_SCORES_ATOL)
             else:
-                np.testing.assert_allclose(together[output], apart[output], atol=1e-6)
+                np.testing.assert_allclose(together[output], apart[output], atol=SAME_TEXTS_ATOL)
         assert hybrid["usage"] == alone["usage"]
     assert all(set(item) - {"object", "index", "shape"} == set(outputs) for item in hybrid["data"])
 
@@ -110,7 +112,8 @@ def test_one_request_answers_what_a_request_for_each_output_answers(server, outp
 def test_the_dense_output_is_the_plain_answer_and_takes_dimensions_and_base64(server):
     plain = _embeddings(server, dimensions=8, encoding_format="base64")["data"]
     asked = _embeddings(server, outputs=["dense", "sparse"], dimensions=8, encoding_format="base64", top_k=2)["data"]
-    assert [item["dense"] for item in asked] == [item["embedding"] for item in plain]
+    assert_same_vectors([decode_embedding(item["dense"]) for item in asked],
+                        [decode_embedding(item["embedding"]) for item in plain], "two requests' dense vectors")
     assert all(len(item["sparse"]["indices"]) <= 2 for item in asked)
 
 
