@@ -335,17 +335,26 @@ def check_fields(request_type: type[msgspec.Struct], members: dict[str, msgspec.
     its type does not honour: a peer's field refused here (with why), or, unless `unknown`
     is "ignore", a key no peer names."""
     own, table = _fields_of(request_type), FIELDS.get(request_type) or NESTED_FIELDS.get(request_type, {})
+    nested = _nested_fields(request_type)
     for key, value in members.items():
-        param = f"{path}{key}"
         if key in own:
-            _check_value(own[key], value, unknown, param)
+            if key in nested:
+                _check_value(nested[key], value, unknown, f"{path}{key}")
             continue
+        param = f"{path}{key}"
         field = table.get(key)
         if field is not None:
             raise APIError(422, f"{param} ({', '.join(field.peers)}) is not served here: {field.does}", param=param)
         if unknown != "ignore":
             raise APIError(422, f"unknown field '{param}': no server this one stands in for names it here (set "
                                 "[server] unknown_fields = \"ignore\" to ignore such fields)", param=param)
+
+
+@cache
+def _nested_fields(struct_type: type[msgspec.Struct]) -> dict[str, msgspec.inspect.Type]:
+    """The fields of a Struct whose values hold objects of their own (content parts,
+    parameters): the only ones `check_fields` looks inside."""
+    return {name: field_type for name, field_type in _fields_of(struct_type).items() if _holds_structs(field_type)}
 
 
 def _check_value(field_type: msgspec.inspect.Type, value: msgspec.Raw, unknown: str, path: str) -> None:
