@@ -474,6 +474,32 @@ def test_warm_up_prices_padding_as_a_mid_size_batch_pays_it():
     assert weight == pytest.approx(0.5, abs=0.1)
 
 
+class _CountedEngine(_CostedEngine):
+    """A `_CostedEngine` that counts its passes by batch shape."""
+
+    def __init__(self) -> None:
+        self.shapes: list[tuple[int, int]] = []
+
+    def forward(self, input_ids, attention_mask, token_type_ids, wide=False, express=False):
+        self.shapes.append(input_ids.shape)
+        return super().forward(input_ids, attention_mask, token_type_ids, wide, express)
+
+
+def test_a_kept_cost_model_is_read_back_and_each_shape_runs_once_untimed(tmp_path):
+    from workers.inference.calibration import warm_up
+
+    record = tmp_path / "cost-model" / "m.json"
+    first = _CountedEngine()
+    fitted = warm_up(_model(first), max_length=256, record=record)
+    assert record.exists()
+    again = _CountedEngine()
+    assert warm_up(_model(again), max_length=256, record=record) == fitted
+    # The first pass at the model's length, then the three fitted shapes once each: what
+    # the first requests would otherwise pay, and no timing repeats.
+    assert again.shapes == [(1, 256), (1, 16), (4, 128), (16, 128)]
+    assert len(first.shapes) > len(again.shapes)
+
+
 def _express_in_thread(scheduler: Scheduler) -> tuple[threading.Thread, list]:
     got = []
     thread = threading.Thread(target=lambda: got.append(scheduler.next_express_batch()), daemon=True)

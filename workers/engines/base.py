@@ -112,11 +112,16 @@ def model_config(spec: ModelSpec) -> dict:
 def hidden_width(spec: ModelSpec) -> int:
     """The width of the model's token states (its text model's), as transformers reads its
     config: whatever key the family names it by (DistilBERT's `dim`, T5's `d_model`)."""
-    from transformers import AutoConfig
-
     written = model_config(spec)
     if written.get("model_type") == STATIC_FAMILY:  # a config the server wrote, not transformers'
         return int(written["hidden_size"])
+    if isinstance(written.get("hidden_size"), int) and not any(
+            key.endswith("_config") for key, value in written.items() if isinstance(value, dict)):
+        # A config of one model (no sub-model's config) naming the width as transformers
+        # names it: read as is, without importing transformers (a second of every start).
+        return written["hidden_size"]
+    from transformers import AutoConfig
+
     config = AutoConfig.from_pretrained(spec.path, trust_remote_code=spec.trust_remote_code)
     return int(config.get_text_config().hidden_size)
 

@@ -2,7 +2,8 @@
 passes run (`text_lanes`: lanes of single-threaded passes, a wide pass for a lone
 input), the batching cost model from timed warm-up passes (`warm_up`), and whether media
 passes run in single-threaded lanes (`warm_up_media`). The warm-up passes also pay every
-one-time cost before the first request."""
+one-time cost before the first request. The cost model is kept in the cache directory
+(`cost_model_record`): a later start on the same machine runs each shape once, timing none."""
 
 from __future__ import annotations
 
@@ -13,12 +14,16 @@ from collections.abc import Callable
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
 
+import msgspec
 import numpy as np
 
 from infinity.shared.protocol import ModelSpec
 from workers.engines import torch_threads
+from workers.engines.artifacts import keep_record, measurement_record, read_record
 from workers.engines.base import Engine
+from workers.engines.by_shape import lone_engine_of
 from workers.engines.lanes import WIDE_COPY_PAUSE, WIDE_COPY_TRIES, best_seconds
 from workers.heads import LoadedModel
 from workers.preprocess.media import feature_items, media_module
@@ -27,6 +32,14 @@ log = logging.getLogger(__name__)
 
 
 MIXED_SHORT = 15  # short inputs next to the long one in the warm-up's mixed batch
+COST_MODEL_VERSION = "1"  # of `warm_up`'s fit: a change to it measures again
+
+
+class CostModel(msgspec.Struct, frozen=True):
+    """What `warm_up` fits: a pass's fixed cost in tokens, what a padding token costs."""
+
+    overhead_tokens: float
+    padding_weight: float
 
 
 @dataclass(frozen=True)
@@ -115,8 +128,17 @@ def media_lanes(forward: Callable[[int], Callable[[], object]], lanes: int) -> i
     return lanes if best[1] <= MEDIA_LANES_MAX_TIME * best[0] else 1
 
 
+def cost_model_record(model: LoadedModel, spec: ModelSpec, threads: int, lanes: TextLanes) -> Path:
+    """Where `warm_up`'s fit for `model` as loaded from `spec` is kept: keyed as the other
+    measurements at load (`measurement_record`), and by what the start settled that the
+    spec does not say (the precision, the engines of batches and of lone inputs, the lanes)."""
+    engines = (model.engine.name, lone_engine_of(model.engine) or "")
+    settled = f"{COST_MODEL_VERSION} {model.dtype} {' '.join(engines)} {lanes}"
+    return measurement_record("cost-model", spec, threads, [name for name in engines if name], settled)
+
+
 def warm_up(model: LoadedModel, max_length: int, lanes: TextLanes | None = None,
-             wide_runner: Executor | None = None) -> tuple[float, float]:
+            wide_runner: Executor | None = None, record: Path | None = None) -> tuple[float, float]:
     """Run the shapes the first requests will have, so they pay no one-time costs, and
     return the batching cost model: the fixed cost of a forward pass in tokens' worth of
     compute, and what a padding token costs against a token. Timing one short input, four
@@ -126,7 +148,9 @@ def warm_up(model: LoadedModel, max_length: int, lanes: TextLanes | None = None,
     ones, and the scheduler must not merge long and short inputs where that is dear
     (bench/results/batching.md#the-padding-weight-refitted-on-sixteen-rows). The
     passes are timed as a lane runs them (`lanes`: the model's, by default the engine's),
-    and a wide pass runs where lanes run them (on `wide_runner`, for lanes of torch threads)."""
+    and a wide pass runs where lanes run them (on `wide_runner`, for lanes of torch threads).
+    With a `record` that holds a fit (`cost_model_record`), each shape runs once, untimed,
+    and the fit is taken from it; without one, what is fitted is written there."""
     engine = model.engine
     lanes = lanes or TextLanes(engine.lanes, engine.widens, None, engine.express)
     on_lane = contextlib.nullcontext if lanes.threads is None else partial(torch_threads, lanes.threads[0])
@@ -154,9 +178,19 @@ def warm_up(model: LoadedModel, max_length: int, lanes: TextLanes | None = None,
     if lanes.express:
         lane_pass(forward([max_length], express=True))
     short, long = min(16, max_length), min(128, max_length)
+    shapes = [forward([short]), forward([long] * 4), forward([long] + [short] * MIXED_SHORT)]
+    kept = None if record is None else read_record(record, CostModel)
+    if kept is not None:
+        with on_lane():
+            for run in shapes:
+                run()
+        log.info("%s engine, %d lane(s)%s; overhead = %.0f tokens, a padding token costs %.2f of a token "
+                 "(figures of an earlier start, kept in %s)", engine.name, lanes.count,
+                 ", wide pass for a lone input" if lanes.widens else "", kept.overhead_tokens,
+                 kept.padding_weight, record)
+        return kept.overhead_tokens, kept.padding_weight
     with on_lane():
-        small, large, mixed = best_seconds([forward([short]), forward([long] * 4),
-                                            forward([long] + [short] * MIXED_SHORT)])
+        small, large, mixed = best_seconds(shapes)
     per_token = max((large - small) / (4 * long - short), 1e-9)
     # Clamped: a start on a busy machine must not leave a senseless cost model behind.
     overhead_tokens = min(max(small / per_token - short, 4.0), 1024.0)
@@ -167,6 +201,8 @@ def warm_up(model: LoadedModel, max_length: int, lanes: TextLanes | None = None,
              "a padding token costs %.2f of a token", engine.name, lanes.count,
              ", wide pass for a lone input" if lanes.widens else "",
              (small - short * per_token) * 1e3, per_token * 1e6, overhead_tokens, weight)
+    if record is not None:
+        keep_record(record, CostModel(overhead_tokens, weight))
     return overhead_tokens, weight
 
 

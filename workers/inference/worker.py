@@ -41,7 +41,7 @@ from workers.engines import set_torch_threads
 from workers.engines.by_shape import lone_engine_of
 from workers.engines.lanes import LANE_NICENESS, add_niceness
 from workers.heads import LoadedModel, load_model
-from workers.inference.calibration import on_threads, text_lanes, warm_up, warm_up_media
+from workers.inference.calibration import cost_model_record, on_threads, text_lanes, warm_up, warm_up_media
 from workers.inference.cores_left import CoresLeft
 from workers.inference.scheduler import Batch, PendingRequest, QueuePolicy, Scheduler, media_queue, queue_model
 from workers.preprocess.media import feature_items, media_module
@@ -67,7 +67,8 @@ def serve(args: protocol.WorkerArgs, channel: ChannelToFront,
         lanes_of = {spec.name: text_lanes(models[spec.name].engine, args.threads) for spec in args.models}
         # Made before the warm-up, which starts its OpenMP team: the first lone input does not.
         wide_runner = ThreadPoolExecutor(1, thread_name_prefix="wide-pass")
-        costs = {spec.name: warm_up(models[spec.name], spec.max_length, lanes_of[spec.name], wide_runner)
+        costs = {spec.name: warm_up(models[spec.name], spec.max_length, lanes_of[spec.name], wide_runner,
+                                    cost_model_record(models[spec.name], spec, args.threads, lanes_of[spec.name]))
                  for spec in args.models}
         media_costs = {spec.name: warm_up_media(models[spec.name], spec, args.threads, wide_runner)
                        for spec in args.models if media_module(spec.kind) is not None}
