@@ -161,6 +161,12 @@ class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     # A request field that no server this one stands in for names (infinity/api/peer_fields.py):
     # refused with a 422 naming it, as OpenAI refuses one; "ignore": decoded as if absent.
     unknown_fields: Literal["refuse", "ignore"] = "refuse"
+    # A model whose conversions and trials are not in the cache yet (a new machine, a new
+    # model): "in_background" serves it at once on torch float32 while another process
+    # makes them, then hands it over to an inference process that loads it prepared
+    # (workers/inference/preparing.py, infinity/client/handover.py); "before_serving"
+    # makes them before the server is ready.
+    prepare: Literal["in_background", "before_serving"] = "in_background"
 
     def __post_init__(self) -> None:
         if not 0 < self.port < 65536:

@@ -90,13 +90,13 @@ _TEI_TOKENS = [{"id": 101, "text": "[CLS]", "special": True, "start": None, "sto
 _HEALTH = {"status": "ok", "unix": 1767225600.25}
 _CARD = {
     "id": EMBEDDER, "object": "model", "owned_by": "infinity", "created": CREATED, "kind": "embed",
-    "capabilities": ["embed"], "backend": "torch", "dtype": "float32", "lone_backend": None,
+    "capabilities": ["embed"], "backend": "torch", "dtype": "float32", "lone_backend": None, "prepared": True,
     "stats": {"queue_fraction": 0.0, "queue_absolute": 0, "results_pending": 0, "batch_size": 64},
     "ready": True, "dimensions": 384, "max_length": 256, "long_inputs": "truncate", "pooling": "mean",
     "normalize": True, "modules": ["Pooling(mean)", "Normalize"], "digest": None, "prompts": {},
     "default_prompt_name": None, "devices": ["cpu"],
     "replicas": [{"device": "cpu", "ready": True, "inputs": 1024, "engine": "torch", "dtype": "float32",
-                  "lone_engine": None}]}
+                  "lone_engine": None, "prepared": True}]}
 _INFO = {"model_id": EMBEDDER, "model_sha": None, "model_dtype": "float32",
          "model_type": {"embedding": {"pooling": "mean"}}, "served_model_name": EMBEDDER,
          "max_concurrent_requests": 4096, "max_input_length": 256, "max_batch_tokens": 16384,

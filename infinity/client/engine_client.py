@@ -23,6 +23,8 @@ the route combines them (`Result.chunks`).
 
 A model placed on several devices keeps serving on its other replicas while one is
 restarted; `/health` says ready only when every process is (a replica short, it is 503).
+A model served unprepared is handed over to a successor process once it is prepared
+(`infinity.client.handover`); meanwhile `/health` says ready.
 
 A request runs at the priority of its context (`at_priority`; lower is served first):
 the inference process serves more urgent requests first, and admission keeps room for
@@ -45,9 +47,10 @@ from numpy.lib.format import descr_to_dtype
 
 import msgspec
 
+from infinity.client.handover import PREPARING_ENTRY_POINT, Handover, preparer_name, successor_name
 from infinity.client.headroom import CoreHeadroom
 from infinity.client.supervisor import Child, Launch, spawn_process
-from infinity.client.topology import Replica, ServedModel, place
+from infinity.client.topology import INFERENCE_ENTRY_POINT, Replica, ServedModel, place
 from infinity.config import MediaConfig, ServerConfig
 from infinity.shared import protocol, shm, tracing
 from infinity.shared.kinds import KINDS
@@ -258,6 +261,11 @@ class EngineClient:
         # Told of every batch an inference process ran (the metrics observe them).
         self.on_batch_ran: Callable[[protocol.BatchRan], None] = lambda message: None
 
+        self._launch = launch
+        self._handovers: list[Handover] = []
+        self._handed_over: set[str] = set()  # inference processes whose handover began (once each)
+        self._retiring: list[Child] = []  # handed over, finishing what they hold
+        self._background: set[asyncio.Task[None]] = set()
         topology = place(server, specs, self._args, launch)
         self.models = topology.models
         self.tokenizers = topology.tokenizers
@@ -294,10 +302,17 @@ class EngineClient:
             max_image_bytes=self._media.max_image_bytes, max_image_pixels=self._media.max_image_pixels,
             max_audio_bytes=self._media.max_audio_bytes, max_audio_seconds=self._media.max_audio_seconds,
             traced=tracing.tracer() is not None,
+            prepare_in_background=self._server.prepare == "in_background",
         )
 
     @property
     def children(self) -> list[Child]:
+        """Every child process: those serving, and those preparing, taking over or retiring."""
+        return [*self._serving, *(child for handover in self._handovers for child in handover.children),
+                *self._retiring]
+
+    @property
+    def _serving(self) -> list[Child]:
         return [*self.tokenizers, *self.inference]
 
     def _pids(self) -> list[int]:
@@ -307,14 +322,14 @@ class EngineClient:
 
     @property
     def ready(self) -> bool:
-        return (all(child.ready for child in self.children)
+        return (all(child.ready for child in self._serving)
                 and all(replica.ready for model in self.models.values() for replica in model.replicas))
 
     async def start(self) -> None:
         """Start every child; return once all are ready, or raise `StartupError`."""
         loop = asyncio.get_running_loop()
         self._started = loop.create_future()
-        for child in self.children:
+        for child in self._serving:
             child.start(self._receive, self._child_exited)
         await self._started
 
@@ -423,7 +438,7 @@ class EngineClient:
                 answer.release()
             return
         pending.abandoned = True
-        if pending.holder in self.inference and pending.holder.channel is not None:
+        if (pending.holder in self.inference or pending.holder in self._retiring) and pending.holder.channel is not None:
             pending.holder.send(protocol.Cancel(pending.request_id))
 
     def _receive(self, message: protocol.Message) -> None:
@@ -440,16 +455,105 @@ class EngineClient:
 
     def _on_ready(self, message: protocol.Ready) -> None:
         child = self._child(message.worker)
+        handover = self._handover_of(child)
+        if handover is not None and child is handover.preparer:
+            self._start_successor(handover)
+            return
+        if handover is not None:
+            self._switch(handover, message)
+            return
         for info in message.models:
             self.models[info.name].replica_in(child).attach(info)
         child.ready = True
         child.failures = 0
         self._outstanding[child.name] = 0
         log.info("%s ready (pid %d)", child.name, message.pid)
+        unprepared = [info.name for info in message.models if not info.prepared]
+        if unprepared and child.name not in self._handed_over:
+            self._prepare(child, unprepared)
         if self._started is not None and not self._started.done() and self.ready:
             self._started.set_result(None)
 
+    # --- handing unprepared models over (`infinity.client.handover`) ---------------------
+
+    def _handover_of(self, child: Child) -> Handover | None:
+        """The handover `child` prepares for or takes over in, if any."""
+        return next((handover for handover in self._handovers if child in handover.children), None)
+
+    def _prepare(self, serving: Child, models: list[str]) -> None:
+        """Start the preparing process of the models `serving` serves unprepared."""
+        args = self._args(preparer_name(serving), serving.args.models, serving.args.cpus, serving.args.threads)
+        handover = Handover(serving, Child(args, PREPARING_ENTRY_POINT, self._launch))
+        self._handovers.append(handover)
+        self._handed_over.add(serving.name)
+        log.info("%s serves %s unprepared; %s prepares them", serving.name, ", ".join(models), args.name)
+        handover.preparer.start(self._receive, self._child_exited)
+
+    def _start_successor(self, handover: Handover) -> None:
+        """The models are prepared: start the inference process that loads them so."""
+        serving = handover.serving
+        args = self._args(successor_name(serving), serving.args.models, serving.args.cpus, serving.args.threads)
+        log.info("%s prepared its models; %s loads them to take over from %s", handover.preparer.name, args.name,
+                 serving.name)
+        handover.successor = Child(args, INFERENCE_ENTRY_POINT, self._launch)
+        handover.successor.start(self._receive, self._child_exited)
+
+    def _switch(self, handover: Handover, message: protocol.Ready) -> None:
+        """The successor is ready: its replicas take the place of the serving process's,
+        which finishes what it holds and stops (`_retire`)."""
+        successor, serving = handover.successor, handover.serving
+        assert successor is not None
+        if not all(info.prepared for info in message.models):
+            self._give_up(handover, f"{successor.name} found them unprepared still (is the cache directory "
+                                    f"writable?)")
+            return
+        successor.ready = True
+        self._outstanding[successor.name] = 0
+        for info in message.models:
+            model = self.models[info.name]
+            replica = Replica(model.replica_in(serving).device, successor)
+            replica.attach(info)
+            before = model.replica_in(serving).info
+            model.replicas = [replica if r.child is serving else r for r in model.replicas]
+            log.info("'%s' handed over from %s (%s %s) to %s (%s %s%s)", info.name, serving.name,
+                     before.engine if before else "?", before.dtype if before else "?", successor.name,
+                     info.engine, info.dtype, f", lone inputs on {info.lone_engine}" if info.lone_engine else "")
+        self.inference[self.inference.index(serving)] = successor
+        self._handovers.remove(handover)
+        self._retire([serving, handover.preparer], "handed over")
+
+    def _retire(self, children: list[Child], why: str) -> None:
+        """Stop `children` once no request they hold is left; then remove their arenas."""
+        self._retiring.extend(children)
+        task = asyncio.get_running_loop().create_task(self._stop_retired(children, why))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _stop_retired(self, children: list[Child], why: str) -> None:
+        while any(pending.holder in children for pending in self._pending.values()):
+            await asyncio.sleep(0.05)
+        for child in children:
+            child.terminate()
+        await asyncio.to_thread(lambda: [child.reap(_STOP_TIMEOUT_S) for child in children])
+        for child in children:
+            child.close_channel()
+            if child in self._retiring:
+                self._retiring.remove(child)
+            for spec in child.args.models:  # a preparing process made none: nothing to remove
+                shm.remove(shm.arena_name(child.args.arena_prefix, child.name, spec.name))
+        log.info("%s stopped, %s", " and ".join(child.name for child in children), why)
+
+    def _give_up(self, handover: Handover, why: str) -> None:
+        """The handover failed: its processes stop and the serving one keeps its models."""
+        log.warning("%s keeps serving its models unprepared: %s", handover.serving.name, why)
+        self._handovers.remove(handover)
+        self._retire(handover.children, "the handover given up")
+
     def _on_startup_failed(self, message: protocol.StartupFailed) -> None:
+        handover = self._handover_of(self._child(message.worker))
+        if handover is not None:
+            self._give_up(handover, f"{message.worker} failed: {message.message}")
+            return
         log.error("%s could not start: %s", message.worker, message.message)
         if self._started is not None and not self._started.done():
             self._started.set_exception(StartupError(f"{message.worker}: {message.message}"))
@@ -564,7 +668,12 @@ class EngineClient:
         for pending in held:
             self._finish(pending, ServingError(protocol.ErrorKind.WORKER_DIED,
                                                f"the {child.name} process stopped while serving this request; retry"))
-        if self._stopping:
+        if self._stopping or child in self._retiring:
+            return  # a retiring process is reaped by `_stop_retired`
+        handover = self._handover_of(child)
+        if handover is not None:
+            if not (child is handover.preparer and code == 0):  # a preparer exits once done
+                self._give_up(handover, f"{child.name} exited with code {code}")
             return
         for model in self.models.values():
             for replica in model.replicas:
@@ -597,6 +706,8 @@ class EngineClient:
     async def stop(self) -> None:
         """Stop every child, fail what is still pending, remove arenas and channels."""
         self._stopping = True
+        for task in self._background:  # the server's stop takes every child, retiring ones too
+            task.cancel()
         for child in self.children:
             child.terminate()
         await asyncio.to_thread(self._reap_all)

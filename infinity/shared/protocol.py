@@ -261,6 +261,9 @@ class WorkerArgs(msgspec.Struct, frozen=True):
     max_audio_bytes: int = 25 * 1024 * 1024
     max_audio_seconds: float = 60.0
     traced: bool = False  # the front end traces requests: export this child's spans (`infinity.shared.tracing`)
+    # An inference process serves at once the models whose conversions and trials the cache
+    # lacks, unprepared (`workers.inference.preparing`); False: it makes them first.
+    prepare_in_background: bool = False
 
 
 class ModelInfo(msgspec.Struct, frozen=True, array_like=True):
@@ -283,6 +286,9 @@ class ModelInfo(msgspec.Struct, frozen=True, array_like=True):
     ragged: bool = False
     dtype: str = "float32"  # what it computes in (after the bfloat16 trial, where there was one)
     lone_engine: str | None = None  # the engine a lone input's pass runs on, where not `engine`
+    # False: served unprepared while a preparing process makes its conversions and trials
+    # (`workers.inference.preparing`).
+    prepared: bool = True
 
 
 class Tokenize(msgspec.Struct, tag=True, array_like=True):

@@ -24,6 +24,7 @@ import errno
 import fcntl
 import mmap
 import os
+import re
 import secrets
 import shutil
 from collections import Counter, deque
@@ -128,6 +129,11 @@ def _reserve(fd: int, name: str, size: int, slots: int, dim: int) -> None:
             f"{SHM_DIR} is too small: the arena {name} needs {size / 2**20:.1f} MiB ({slots} slots x {dim} "
             f"float32) and {free / 2**20:.1f} MiB are free; give the server more shared memory (docker run "
             "--shm-size, a memory-backed emptyDir at /dev/shm) or lower max_queued_items") from None
+
+
+def arena_name(prefix: str, worker: str, model: str) -> str:
+    """The arena the inference process `worker` creates for `model` (under the server's `prefix`)."""
+    return prefix + re.sub(r"[^A-Za-z0-9_.-]", "_", f"{worker}-{model}")
 
 
 def remove(name: str) -> None:

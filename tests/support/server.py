@@ -69,7 +69,11 @@ class ServerProcess:
         # float32 unless a test asks otherwise: the parity tests hold our vectors to float32
         # references within 1e-5, which bfloat16 is not meant to meet; on CPUs that compute
         # bfloat16 natively `dtype = "auto"` could choose it (tests/e2e/engines/test_bfloat16.py).
-        self.env = {**os.environ, "PYTHONFAULTHANDLER": "1", "INFINITY_AUTO_BFLOAT16": "false", **(env or {})}
+        # Models prepared before the server is ready unless a test asks otherwise: a test's
+        # requests all meet the engine it expects, never one handed over mid-test
+        # (tests/e2e/engines/test_converted_engines.py serves one in the background).
+        self.env = {**os.environ, "PYTHONFAULTHANDLER": "1", "INFINITY_AUTO_BFLOAT16": "false",
+                    "INFINITY_PREPARE": "before_serving", **(env or {})}
         for key in [k for k, v in self.env.items() if v is None]:
             del self.env[key]  # env={"INFINITY_PORT": None} removes a variable
         self.config_text = config

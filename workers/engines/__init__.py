@@ -11,6 +11,7 @@ import msgspec
 
 from infinity.shared.kinds import RawOutput
 from infinity.shared.protocol import ModelSpec
+from workers.engines.artifacts import NotPrepared
 from workers.engines.base import Engine
 from workers.engines.by_shape import with_lone_engine
 
@@ -39,6 +40,8 @@ def _load_batches_engine(spec: ModelSpec, threads: int, outputs: Mapping[str, Ra
         raise ValueError(f"compile = true applies to the torch engine; '{spec.name}' runs on {spec.engine}")
     try:
         return _engine_class(spec.engine)(spec, threads, outputs)
+    except NotPrepared:
+        raise  # not a failure of the engine: its conversion is for the preparing process
     except Exception:
         if spec.fallback_engine is None:
             raise

@@ -2,7 +2,9 @@
 format (a CTranslate2 folder, an ONNX graph) builds it once into the cache directory and
 reuses it on later starts. Also the records of what was measured at a load (the bfloat16
 trial, the lone input's engine), kept so that a later start on the same machine decides
-from them without measuring (`measurement_record`).
+from them without measuring (`measurement_record`). Within `prepared_only` (a start that
+serves at once and leaves the preparing to another process), a build or a measurement
+that is not in the cache is not made: `NotPrepared` says which.
 
 A build lives in `<cache>/<engine>/<model folder name>-<fingerprint>`, where the
 fingerprint covers the source folder's files (names, sizes, modification times) and the
@@ -19,7 +21,9 @@ import logging
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Iterable
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TypeVar
 
@@ -31,6 +35,32 @@ from infinity.shared.protocol import ModelSpec
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+
+
+class NotPrepared(Exception):
+    """A build or a measurement a load needs is not in the cache, and the load runs
+    `prepared_only`."""
+
+
+_PREPARED_ONLY = threading.local()
+
+
+@contextmanager
+def prepared_only() -> Iterator[None]:
+    """Within the block, in this thread, `cached_build` and `needs_record` raise
+    `NotPrepared` where they would build or measure."""
+    _PREPARED_ONLY.on = True
+    try:
+        yield
+    finally:
+        _PREPARED_ONLY.on = False
+
+
+def needs_record(record: Path, what: str) -> None:
+    """Called where a load finds no kept figures in `record` and would measure `what`:
+    within `prepared_only`, raises `NotPrepared`."""
+    if getattr(_PREPARED_ONLY, "on", False):
+        raise NotPrepared(f"{what} has not run on this machine (no {record})")
 
 
 def versions(*packages: str) -> dict[str, str]:
@@ -53,10 +83,13 @@ def fingerprint(source: Path, settings: dict[str, str]) -> str:
 def cached_build(engine: str, source: Path, settings: dict[str, str],
                  build: Callable[[Path], None]) -> tuple[Path, bool]:
     """The folder holding `source` converted for `engine`; `build(staging)` writes it when
-    no cached one matches. Returns (folder, whether it was built now)."""
+    no cached one matches (`NotPrepared` within `prepared_only`). Returns (folder,
+    whether it was built now)."""
     target = cache_dir() / engine / f"{source.name}-{fingerprint(source, settings)}"
     if target.is_dir():
         return target, False
+    if getattr(_PREPARED_ONLY, "on", False):
+        raise NotPrepared(f"{source.name} is not converted for {engine} yet (no {target})")
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=".build-"))
     try:

@@ -35,7 +35,7 @@ import torch
 
 from infinity.shared.kinds import RawOutput
 from infinity.shared.protocol import ModelSpec
-from workers.engines.artifacts import keep_record, measurement_record, read_record
+from workers.engines.artifacts import keep_record, measurement_record, needs_record, read_record
 from workers.engines.base import Engine
 from workers.engines.lanes import WIDE_COPY_MAX_BYTES, best_seconds, stored_bytes
 
@@ -114,6 +114,7 @@ def with_lone_engine(engine: Engine, spec: ModelSpec, threads: int, outputs: Map
         log.info("'%s': lone inputs on %s (figures of an earlier start, kept in %s)",
                  spec.name, figures.chosen or engine.name, record)
         return engine if figures.chosen is None else LoneSplit(engine, load(specs[figures.chosen], threads, outputs))
+    needs_record(record, f"the timing of '{spec.name}''s lone inputs")
     figures, kept = _timed(engine, spec, list(specs.values()), threads, outputs, load)
     keep_record(record, figures)
     log.info("'%s': lone inputs on %s (their passes: %s)", spec.name, figures.chosen or engine.name,

@@ -41,7 +41,7 @@ import torch
 
 from infinity.shared.kinds import KINDS
 from infinity.shared.protocol import ModelSpec
-from workers.engines.artifacts import keep_record, measurement_record, read_record
+from workers.engines.artifacts import NotPrepared, keep_record, measurement_record, needs_record, read_record
 from workers.inference.corpus import sentences
 from workers.preprocess.media import feature_items, media_module
 from workers.preprocess.text import TokenItem, collate_tokens, load_tokenizer
@@ -122,6 +122,7 @@ def load_by_trial(spec: ModelSpec, threads: int, load: Callable[[ModelSpec, int]
     record = trial_record(spec, threads)
     kept = read_record(record, list[TrialFigures])
     if kept is None:
+        needs_record(record, f"the bfloat16 trial of '{spec.name}'")
         return _load_by_new_trial(spec, float32_spec, bfloat16_spec, threads, load, record)
     keep, why = keeps_bfloat16(kept)
     log.info("'%s' serves %s: %s (figures of an earlier start's trial, kept in %s)",
@@ -129,6 +130,8 @@ def load_by_trial(spec: ModelSpec, threads: int, load: Callable[[ModelSpec, int]
     if keep:
         try:
             return load(bfloat16_spec, threads)
+        except NotPrepared:
+            raise
         except Exception:
             log.warning("'%s' cannot be loaded in bfloat16; serving float32", spec.name, exc_info=True)
     return load(float32_spec, threads)

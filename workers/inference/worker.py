@@ -20,12 +20,11 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import re
 import threading
 import time
 from collections import Counter
 from collections.abc import Callable
-from concurrent.futures import Executor, ThreadPoolExecutor
+from concurrent.futures import Executor
 from dataclasses import dataclass
 from functools import partial
 
@@ -36,13 +35,15 @@ from infinity.shared import devices, protocol, tracing
 from infinity.shared.channel import ChannelClosed, ChannelToFront
 from infinity.shared.kinds import KINDS
 from infinity.shared.protocol import ModelSpec
-from infinity.shared.shm import Arena, SharedMemoryTooSmall
+from infinity.shared.shm import Arena, SharedMemoryTooSmall, arena_name
 from workers.engines import set_torch_threads
 from workers.engines.by_shape import lone_engine_of
 from workers.engines.lanes import LANE_NICENESS, add_niceness
 from workers.heads import LoadedModel, load_model
-from workers.inference.calibration import cost_model_record, on_threads, text_lanes, warm_up, warm_up_media
+from workers.inference.calibration import on_threads
 from workers.inference.cores_left import CoresLeft
+from workers.inference.loading import load_and_warm
+from workers.inference.preparing import load_at_start
 from workers.inference.scheduler import Batch, PendingRequest, QueuePolicy, Scheduler, media_queue, queue_model
 from workers.preprocess.media import feature_items, media_module
 from workers.preprocess.text import collate_tokens, token_items
@@ -57,23 +58,19 @@ def main(args: protocol.WorkerArgs) -> None:
 
 def serve(args: protocol.WorkerArgs, channel: ChannelToFront,
           load: Callable[[ModelSpec, int], LoadedModel] = load_model) -> None:
-    """Load and warm up every model (`load`: how), report `Ready`, then serve until the
-    front end closes the channel; a model that cannot load is reported as `StartupFailed`."""
+    """Load and warm up every model (`load`: how; where `args.prepare_in_background`, each
+    as far as the cache has it prepared: `load_at_start`), report `Ready`, then serve until
+    the front end closes the channel; a model that cannot load is reported as `StartupFailed`."""
+    prepared: dict[str, bool] = {}
+    if args.prepare_in_background:
+        load = partial(load_at_start, load=load, prepared=prepared)
     try:
-        devices.require(args.models[0].device, [spec.name for spec in args.models])
-        models = {spec.name: load(spec, args.threads) for spec in args.models}
+        loaded = load_and_warm(args, load)
+        models, lanes_of, costs, media_costs, wide_runner = (loaded.models, loaded.lanes, loaded.costs,
+                                                             loaded.media_costs, loaded.wide_runner)
         engines = [model.engine for model in models.values()]
-        set_torch_threads(engines, args.threads)
-        lanes_of = {spec.name: text_lanes(models[spec.name].engine, args.threads) for spec in args.models}
-        # Made before the warm-up, which starts its OpenMP team: the first lone input does not.
-        wide_runner = ThreadPoolExecutor(1, thread_name_prefix="wide-pass")
-        costs = {spec.name: warm_up(models[spec.name], spec.max_length, lanes_of[spec.name], wide_runner,
-                                    cost_model_record(models[spec.name], spec, args.threads, lanes_of[spec.name]))
-                 for spec in args.models}
-        media_costs = {spec.name: warm_up_media(models[spec.name], spec, args.threads, wide_runner)
-                       for spec in args.models if media_module(spec.kind) is not None}
         # A model whose outputs vary in size sends them with `Done`: its arena is empty.
-        arenas = {spec.name: Arena(_arena_name(args, spec.name), args.arena_slots,
+        arenas = {spec.name: Arena(arena_name(args.arena_prefix, args.name, spec.name), args.arena_slots,
                                    0 if KINDS[spec.kind].ragged else models[spec.name].head.dim, create=True)
                   for spec in args.models}
     except (devices.DeviceUnavailable, SharedMemoryTooSmall) as exc:  # a configuration error: no traceback
@@ -117,14 +114,10 @@ def serve(args: protocol.WorkerArgs, channel: ChannelToFront,
                                 models[spec.name].head.labels, models[spec.name].head.activation,
                                 arenas[spec.name].name, args.arena_slots, models[spec.name].engine.name,
                                 KINDS[spec.kind].ragged, models[spec.name].dtype,
-                                lone_engine_of(models[spec.name].engine))
+                                lone_engine_of(models[spec.name].engine), prepared.get(spec.name, True))
              for spec in args.models]
     channel.send(protocol.Ready(args.name, os.getpid(), infos))
     _serve(by_queue, scheduler, channel, niceness=lane_niceness)
-
-
-def _arena_name(args: protocol.WorkerArgs, model: str) -> str:
-    return args.arena_prefix + re.sub(r"[^A-Za-z0-9_.-]", "_", f"{args.name}-{model}")
 
 
 @dataclass(frozen=True)

@@ -89,6 +89,7 @@ def _model_card(model: ServedModel, digest: str | None) -> ModelCard:
         backend=info.engine if info else spec.engine,
         dtype=info.dtype if info else spec.dtype,
         lone_backend=info.lone_engine if info else None,
+        prepared=all(replica.info.prepared for replica in model.replicas if replica.info is not None),
         stats=ModelStats(queue_fraction=queued / model.pool.capacity, queue_absolute=queued,
                          results_pending=sum(replica.outstanding for replica in model.replicas),
                          batch_size=spec.max_batch_size),
@@ -107,7 +108,8 @@ def _model_card(model: ServedModel, digest: str | None) -> ModelCard:
         replicas=[ReplicaCard(replica.device, replica.ready, replica.served,
                               replica.info.engine if replica.info else None,
                               replica.info.dtype if replica.info else None,
-                              replica.info.lone_engine if replica.info else None) for replica in model.replicas],
+                              replica.info.lone_engine if replica.info else None,
+                              replica.info.prepared if replica.info else True) for replica in model.replicas],
     )
 
 

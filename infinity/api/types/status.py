@@ -24,6 +24,8 @@ class ReplicaCard(Struct):
     engine: str | None
     dtype: str | None  # what it computes in: float32, bfloat16, ...
     lone_engine: str | None  # the engine a lone input's pass runs on, where not `engine`
+    # False: served unprepared while its conversions and trials are made (`[server] prepare`).
+    prepared: bool = True
 
 
 class ModelCard(Struct, kw_only=True):
@@ -36,6 +38,9 @@ class ModelCard(Struct, kw_only=True):
     backend: str  # the engine of the first replica that loaded
     dtype: str  # what the first replica that loaded computes in (until one has: what its spec asks)
     lone_backend: str | None  # the first replica's engine for a lone input, where not `backend`
+    # False while a replica serves it unprepared, its conversions and trials being made
+    # (`[server] prepare`: it is then handed over to a process that loads it prepared).
+    prepared: bool = True
     stats: ModelStats
     ready: bool
     dimensions: int | None
