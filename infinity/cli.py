@@ -46,6 +46,9 @@ _SERVER_FLAGS = {
     "--log-level": ("log_level", str, "debug, info, warning or error (default info)"),
     "--embedding-type": ("embedding_type", str, "embeddings' output type when a request names none: float, "
                                                 "int8, uint8, binary or ubinary (default float)"),
+    "--prepare": ("prepare", str, "in_background (default): a model whose conversions and trials are not cached is "
+                                  "served at once unprepared and handed over once prepared; before_serving: "
+                                  "prepared before the server is ready"),
 }
 
 
