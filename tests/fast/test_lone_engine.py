@@ -9,6 +9,7 @@ import asyncio
 import importlib.util
 import json
 import threading
+import weakref
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -244,3 +245,17 @@ def test_a_lone_input_runs_on_the_lone_engine_a_batch_on_the_batches_engine_with
         np.testing.assert_allclose(lone["data"][0]["embedding"], batch["data"][0]["embedding"], atol=1e-6)
 
     asyncio.run(test())
+
+
+def test_the_candidates_not_chosen_are_freed_before_serving(spec, monkeypatch) -> None:
+    _timed_as(monkeypatch, {"ctranslate2": 10.0, "onnx": 8.0, "openvino": 6.0})
+    engines: dict[str, weakref.ref] = {}
+
+    def load(asked: ModelSpec, threads: int, outputs: Mapping[str, RawOutput]) -> _Engine:
+        engine = _Engine(asked.engine, widens=True)
+        engines[asked.engine] = weakref.ref(engine)
+        return engine
+
+    chosen = with_lone_engine(_Engine("ctranslate2"), spec, 2, KINDS["embed"].outputs, load)
+    assert lone_engine_of(chosen) == "openvino"
+    assert {name: ref() is not None for name, ref in engines.items()} == {"onnx": False, "openvino": True}

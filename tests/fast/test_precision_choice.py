@@ -4,6 +4,7 @@ support is read."""
 
 from __future__ import annotations
 
+import weakref
 from types import SimpleNamespace
 
 import msgspec
@@ -216,3 +217,27 @@ def test_lone_inputs_span_the_trials_lengths_and_alternate_the_models(monkeypatc
     timed = lone_turns[2 * len(texts.lones):]
     assert timed == ["bfloat16", "float32"] * (workers.inference.precision.TRIAL_ROUNDS * len(texts.lones))
     assert figures.mean_cosine == pytest.approx(1.0) and figures.bfloat16_lone_ms > 0
+
+
+class _Model:
+    """A loaded model stand-in that a weak reference can follow."""
+
+    def __init__(self, dtype: str) -> None:
+        self.dtype = dtype
+
+
+@pytest.mark.parametrize("figures, chosen", [(FASTER, "bfloat16"), ({**FASTER, "bfloat16_per_s": 100.0}, "float32")])
+def test_the_model_a_trial_rejects_is_freed_before_serving(cache, monkeypatch, figures, chosen):
+    spec = resolve_model(ModelConfig(name="m"), cpu_bfloat16=True)
+    monkeypatch.setattr(workers.inference.precision, "run_trial", lambda *args: [TrialFigures(**CLOSE, **figures)])
+    loaded: dict[str, weakref.ref] = {}
+
+    def load(asked, threads):  # noqa: ANN001, ANN202
+        model = _Model(asked.dtype)
+        loaded[asked.dtype] = weakref.ref(model)
+        return model
+
+    kept = load_by_trial(spec, 1, load)
+    assert kept.dtype == chosen
+    assert {dtype: ref() is not None for dtype, ref in loaded.items()} == {
+        "float32": chosen == "float32", "bfloat16": chosen == "bfloat16"}
