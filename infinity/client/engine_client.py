@@ -509,6 +509,7 @@ class EngineClient:
             return
         successor.ready = True
         self._outstanding[successor.name] = 0
+        log.info("%s ready (pid %d)", successor.name, message.pid)
         for info in message.models:
             model = self.models[info.name]
             replica = Replica(model.replica_in(serving).device, successor)

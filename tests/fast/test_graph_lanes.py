@@ -5,6 +5,7 @@ one core)."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +20,14 @@ from workers.engines.onnx_graphs import GRAPH, GraphEngine
 SMALL, BIG = 1024, WIDE_COPY_MAX_BYTES + 1
 
 
+@pytest.fixture(autouse=True)
+def cache(tmp_path, monkeypatch) -> Path:
+    """A cache of the test's own: the wide-copy choice these stand-in graphs make is kept
+    there (`settle_wide_copy`), not where a real engine of the same model would read it."""
+    monkeypatch.setenv("INFINITY_CACHE_DIR", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
 class _Graph:
     input_names = ["input_ids", "attention_mask"]
 
@@ -29,6 +38,7 @@ class _Graph:
 class _Recorded(GraphEngine):
     """A runtime that records what it is asked to compile: (graph file, threads per run, runs)."""
 
+    name = "onnx"
     express_beside_lanes = False
 
     def __init__(self, folder: Path, threads: int) -> None:
@@ -64,3 +74,25 @@ def test_a_model_too_big_for_a_copy_runs_one_pass_on_every_thread(tmp_path):
 def test_one_thread_is_one_lane(tmp_path, size):
     engine = _Recorded(_graphs(tmp_path / "model", size), 1)
     assert (engine.lanes, engine.compiled) == (1, [(GRAPH, 1, 1)])
+
+
+class _Timed(_Recorded):
+    """Its wide passes take `wide_s`, a lane's 4 ms; counts the wide passes."""
+
+    def __init__(self, folder: Path, wide_s: float) -> None:
+        self.wide_s, self.wide_passes = wide_s, 0
+        super().__init__(folder, 2)
+
+    def forward(self, input_ids, attention_mask, token_type_ids, wide=False, express=False):
+        self.wide_passes += wide
+        time.sleep(self.wide_s if wide else 0.004)
+        return np.zeros((*input_ids.shape, 4), np.float32)
+
+
+@pytest.mark.parametrize("wide_s, widens", [(0.001, True), (0.008, False)])
+def test_the_wide_copy_choice_is_kept_and_a_later_load_times_nothing(tmp_path, cache, wide_s, widens):
+    first = _Timed(_graphs(tmp_path / "model", SMALL), wide_s)
+    assert first.widens is widens and first.wide_passes > 0
+    assert len(list((cache / "wide-copy").iterdir())) == 1
+    again = _Timed(tmp_path / "model", 0.001)  # would pay now: the kept choice stands
+    assert again.widens is widens and again.wide_passes == 0

@@ -99,7 +99,7 @@ class CTranslate2Engine:
                                             intra_threads=1) if copies else None
         self.express = self._express is not None
         self.pad_id = pad_id(spec)
-        settle_wide_copy(self, spec.max_length)
+        settle_wide_copy(self, spec, threads)
 
     def forward(self, input_ids: np.ndarray, attention_mask: np.ndarray,
                 token_type_ids: np.ndarray, wide: bool = False, express: bool = False) -> torch.Tensor:

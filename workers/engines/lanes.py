@@ -2,7 +2,8 @@
 Runtime on a CPU) may also keep a copy of the model for passes on every thread: a wide
 pass for a lone input while the other lanes idle, and (CTranslate2) the express lane's
 copy. A copy is made for small models only (`wants_copy`) and kept only where its passes
-measured faster at load (`settle_wide_copy`). Where an express lane runs beside the lanes,
+measured faster at load (`settle_wide_copy`; the choice kept in the cache, so that later
+starts on the machine choose alike without timing). Where an express lane runs beside the lanes,
 the threads that compute the lanes' passes run at a higher nice value (`LANE_NICENESS`)."""
 
 from __future__ import annotations
@@ -15,8 +16,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Protocol, TypeVar
 
+import msgspec
 import numpy as np
 import torch
+
+from infinity.shared.protocol import ModelSpec
+from workers.engines.artifacts import keep_record, measurement_record, read_record
 
 
 # A wide pass needs a second copy of the weights, set to use every thread (and CTranslate2's
@@ -130,6 +135,7 @@ def best_seconds(calls: Sequence[Callable[[], object]], repeats: int = 5) -> lis
 class _WithWideCopy(Protocol):
     """An engine holding its wide copy in `_wide` (None: none) and saying so in `widens`."""
 
+    name: str
     _wide: object | None
     widens: bool
     pad_id: int
@@ -138,8 +144,26 @@ class _WithWideCopy(Protocol):
                 wide: bool = False, express: bool = False) -> torch.Tensor: ...
 
 
-def settle_wide_copy(engine: _WithWideCopy, max_length: int) -> None:
-    """Drop `engine`'s wide copy unless its passes pay (`wide_copy_pays`); then set `widens`."""
-    if engine._wide is not None and not wide_copy_pays(engine, max_length):
-        engine._wide = None
+WIDE_COPY_VERSION = "1"  # of `wide_copy_pays`' measurement: a change to it measures again
+
+
+class WideCopyChoice(msgspec.Struct, frozen=True):
+    """Whether a model's wide copy paid when its engine was first loaded on this machine."""
+
+    pays: bool
+
+
+def settle_wide_copy(engine: _WithWideCopy, spec: ModelSpec, threads: int) -> None:
+    """Drop `engine`'s wide copy (of `spec`, on `threads` threads) unless its passes pay
+    (`wide_copy_pays`, or the choice an earlier start kept: `measurement_record`); then set
+    `widens`. Kept, a start does not time it again, nor choose otherwise by the noise of
+    the moment (a server's lone inputs on one thread or two)."""
+    if engine._wide is not None:
+        record = measurement_record("wide-copy", spec, threads, [engine.name], WIDE_COPY_VERSION)
+        choice = read_record(record, WideCopyChoice)
+        if choice is None:
+            choice = WideCopyChoice(wide_copy_pays(engine, spec.max_length))
+            keep_record(record, choice)
+        if not choice.pays:
+            engine._wide = None
     engine.widens = engine._wide is not None

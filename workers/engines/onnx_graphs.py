@@ -197,7 +197,7 @@ class GraphEngine(abc.ABC):
         self._wide = self._compile(folder / GRAPH, spec.device, threads, 1) if in_lanes else None
         self._express = self._compile(folder / GRAPH, spec.device, 1, 1) if express_copy else None
         self.pad_id = pad_id(spec)
-        settle_wide_copy(self, spec.max_length)
+        settle_wide_copy(self, spec, threads)
 
     @abc.abstractmethod
     def _compile(self, graph: Path, device: str, threads: int, runs: int) -> CompiledGraph: ...
