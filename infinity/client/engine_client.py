@@ -689,7 +689,8 @@ class EngineClient:
         asyncio.get_running_loop().call_later(delay, self._restart, child)
 
     def _restart(self, child: Child) -> None:
-        if not self._stopping:
+        # A process handed over while its restart waited stays stopped.
+        if not self._stopping and child in self._serving:
             child.reap(0)
             child.start(self._receive, self._child_exited)
 
