@@ -25,6 +25,7 @@ import shlex
 import subprocess
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 
 from bench.loadgen import DEFAULT_MODEL, LoadConfig, run_load
@@ -54,8 +55,6 @@ def pss_by_name(pgid: int) -> dict[str, int]:
 
 def _handed_over(url: str) -> bool:
     """Whether every model of our server at `url` is served prepared."""
-    import urllib.request
-
     with urllib.request.urlopen(f"{url}/v1/models", timeout=5) as answer:
         return all(card.get("prepared", True) for card in json.loads(answer.read())["data"])
 

@@ -512,12 +512,12 @@ class EngineClient:
         log.info("%s ready (pid %d)", successor.name, message.pid)
         for info in message.models:
             model = self.models[info.name]
-            replica = Replica(model.replica_in(serving).device, successor)
+            old = model.replica_in(serving)
+            replica = Replica(old.device, successor)
             replica.attach(info)
-            before = model.replica_in(serving).info
-            model.replicas = [replica if r.child is serving else r for r in model.replicas]
+            model.replicas = [replica if r is old else r for r in model.replicas]
             log.info("'%s' handed over from %s (%s %s) to %s (%s %s%s)", info.name, serving.name,
-                     before.engine if before else "?", before.dtype if before else "?", successor.name,
+                     old.info.engine if old.info else "?", old.info.dtype if old.info else "?", successor.name,
                      info.engine, info.dtype, f", lone inputs on {info.lone_engine}" if info.lone_engine else "")
         self.inference[self.inference.index(serving)] = successor
         self._handovers.remove(handover)

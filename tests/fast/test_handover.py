@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer
 
+from infinity.api.routes.common import ENGINE_CLIENT
 from infinity.client.handover import PREPARING_ENTRY_POINT
 from infinity.config import ModelConfig
 from infinity.folders.resolve import resolve_model
@@ -128,6 +129,8 @@ def test_served_unprepared_then_handed_over_once_the_successor_is_ready():
             card = await _card(client)
             assert (card["backend"], card["prepared"]) == ("torch", False)  # ready, on the unprepared engine
             assert launcher.loaded["inference-cpu"] == "torch"
+            engine_client = client.app[ENGINE_CLIENT]
+            [first] = engine_client.inference  # the process serving unprepared
             await _until(lambda: asyncio.sleep(0, "inference-cpu.1" in launcher.processes))
             # The preparer is done and the successor loads: requests still go to the first.
             assert "m" in launcher.prepared
@@ -156,6 +159,10 @@ def test_served_unprepared_then_handed_over_once_the_successor_is_ready():
             assert not launcher.processes["prepare-cpu"].is_alive()
             card = await _card(client)
             assert [(r["engine"], r["ready"], r["prepared"]) for r in card["replicas"]] == [("ctranslate2", True, True)]
+            # A restart that was waiting when the process was handed over starts nothing.
+            retired = launcher.processes["inference-cpu"]
+            engine_client._restart(first)
+            assert launcher.processes["inference-cpu"] is retired
 
     asyncio.run(test())
 

@@ -59,8 +59,12 @@ def prepared_only() -> Iterator[None]:
 def needs_record(record: Path, what: str) -> None:
     """Called where a load finds no kept figures in `record` and would measure `what`:
     within `prepared_only`, raises `NotPrepared`."""
+    _refuse_within_prepared_only(f"{what} has not run on this machine (no {record})")
+
+
+def _refuse_within_prepared_only(why: str) -> None:
     if getattr(_PREPARED_ONLY, "on", False):
-        raise NotPrepared(f"{what} has not run on this machine (no {record})")
+        raise NotPrepared(why)
 
 
 def versions(*packages: str) -> dict[str, str]:
@@ -88,8 +92,7 @@ def cached_build(engine: str, source: Path, settings: dict[str, str],
     target = cache_dir() / engine / f"{source.name}-{fingerprint(source, settings)}"
     if target.is_dir():
         return target, False
-    if getattr(_PREPARED_ONLY, "on", False):
-        raise NotPrepared(f"{source.name} is not converted for {engine} yet (no {target})")
+    _refuse_within_prepared_only(f"{source.name} is not converted for {engine} yet (no {target})")
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=".build-"))
     try:

@@ -59,6 +59,7 @@ def unprepared_spec(spec: ModelSpec) -> ModelSpec:
 
 
 def main(args: protocol.WorkerArgs) -> None:
+    os.nice(PREPARING_NICENESS)  # before any thread: every thread it starts inherits it
     run_child(args, prepare)
 
 
@@ -66,7 +67,6 @@ def prepare(args: protocol.WorkerArgs, channel: ChannelToFront,
             load: Callable[[ModelSpec, int], LoadedModel] = load_model) -> None:
     """Load and warm up every model of `args` as a full start does (`load`: how), so that
     the cache holds what they need; report `Ready` (no models), or `StartupFailed`."""
-    os.nice(PREPARING_NICENESS)
     try:
         load_and_warm(args, load)
     except Exception as exc:
